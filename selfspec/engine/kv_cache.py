@@ -1,0 +1,183 @@
+"""Slot KV cache: preallocated per-layer K/V buffers with a slot dimension.
+
+Why slots: SSR forks a request mid-thought; the child must start from the parent's KV
+without recomputing it. With a slot per sequence, a fork is a row copy, a rejection of
+speculative tokens is a length change, and a finished sequence frees its slot. Buffers are
+allocated once (static shapes, ready for CUDA graphs later).
+
+The class is a transformers `Cache`, so the model's own attention layers write into it
+through `update()`. transformers 5.17 calls `update(k, v, layer_idx)` with no per-call
+kwargs, so the per-step routing (which slot and position each query token writes to, how
+many key positions attention reads) lives on the object and is set by the model runner
+before each forward (`prepare_step`).
+
+Layout per layer: keys/values `[num_slots + 1, kv_heads, max_len, head_dim]`. The extra last
+slot is a scratch row: padding tokens of a batched step write there, so padding never
+touches a real sequence. Buffers start at zero: never-written positions are masked, but a
+NaN there would still poison the attention output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+
+@dataclass
+class _StepRouting:
+    """Where this step's tokens go and what attention reads back."""
+
+    write_slots: torch.Tensor  # [B, T] slot per query token (scratch slot for padding)
+    write_positions: torch.Tensor  # [B, T] absolute position per query token
+    read_slots: torch.Tensor | None  # [B] slot per batch row; None when rows are a contiguous slot range
+    read_slot_start: int  # first slot when contiguous
+    batch_size: int
+    key_length: int  # attention reads positions [0, key_length)
+
+
+class _SlotLayer:
+    """Per-layer view that transformers code may inspect (is_sliding etc.)."""
+
+    is_compileable = True
+
+    def __init__(self, is_sliding: bool, sliding_window: int | None) -> None:
+        self.is_sliding = is_sliding
+        self.sliding_window = sliding_window
+        self.is_initialized = True
+
+
+class SlotKVCache(Cache):
+    """A fixed pool of KV slots shared by all sequences of one engine."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        layer_types: list[str] | None = None,
+        sliding_window: int | None = None,
+    ) -> None:
+        types = layer_types or ["full_attention"] * num_layers
+        layers = [_SlotLayer(t == "sliding_attention", sliding_window if t == "sliding_attention" else None) for t in types]
+        super().__init__(layers=layers)
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.scratch_slot = num_slots
+        shape = (num_slots + 1, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._routing: _StepRouting | None = None
+
+    # ------------------------------------------------------------------ sizing
+    @staticmethod
+    def bytes_per_slot(config, max_len: int, dtype: torch.dtype) -> int:
+        """Memory one slot needs, for sizing the pool from free memory."""
+        num_layers, kv_heads, head_dim = model_kv_shape(config)
+        elem = torch.finfo(dtype).bits // 8
+        return 2 * num_layers * kv_heads * max_len * head_dim * elem
+
+    # ------------------------------------------------------------------ routing
+    def prepare_step(
+        self,
+        slots: list[int],
+        starts: list[int],
+        lengths: list[int],
+        chunk_len: int,
+        key_length: int,
+    ) -> None:
+        """Route the next forward: row b writes `lengths[b]` tokens at `starts[b]` of `slots[b]`.
+
+        Chunks are right-aligned in the [B, chunk_len] input (padding first), so padding
+        positions are routed to the scratch slot.
+        """
+        device = self.keys[0].device
+        batch = len(slots)
+        col = torch.arange(chunk_len, device=device).unsqueeze(0)  # [1, T]
+        lengths_t = torch.tensor(lengths, device=device).unsqueeze(1)
+        starts_t = torch.tensor(starts, device=device).unsqueeze(1)
+        slots_t = torch.tensor(slots, device=device).unsqueeze(1)
+        pad = chunk_len - lengths_t  # [B, 1]
+        is_real = col >= pad
+        write_positions = torch.where(is_real, starts_t + col - pad, col)
+        write_slots = torch.where(is_real, slots_t, torch.full_like(slots_t, self.scratch_slot))
+        contiguous = slots == list(range(slots[0], slots[0] + batch))
+        self._routing = _StepRouting(
+            write_slots=write_slots,
+            write_positions=write_positions,
+            read_slots=None if contiguous else slots_t.squeeze(1),
+            read_slot_start=slots[0],
+            batch_size=batch,
+            key_length=key_length,
+        )
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write this step's K/V into the slots, return each row's keys [B, H, key_length, D]."""
+        r = self._routing
+        if r is None:
+            raise RuntimeError("SlotKVCache.update called outside an engine step (prepare_step not called)")
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        # [B, H, T, D] -> [B, T, H, D] to match advanced indexing on dims (0, 2).
+        k_buf[r.write_slots, :, r.write_positions] = key_states.transpose(1, 2).to(k_buf.dtype)
+        v_buf[r.write_slots, :, r.write_positions] = value_states.transpose(1, 2).to(v_buf.dtype)
+        length = r.key_length
+        if r.read_slots is None:
+            s0 = r.read_slot_start
+            keys = k_buf[s0 : s0 + r.batch_size, :, :length]
+            values = v_buf[s0 : s0 + r.batch_size, :, :length]
+        else:
+            keys = k_buf[:, :, :length].index_select(0, r.read_slots)
+            values = v_buf[:, :, :length].index_select(0, r.read_slots)
+        return keys.to(key_states.dtype), values.to(value_states.dtype)
+
+    def end_step(self) -> None:
+        self._routing = None
+
+    # ------------------------------------------------------------------ slot ops
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Fork: copy the first `length` cached positions of `src` into `dst` (no recompute)."""
+        if length <= 0:
+            return
+        for k_buf, v_buf in zip(self.keys, self.values):
+            k_buf[dst, :, :length].copy_(k_buf[src, :, :length])
+            v_buf[dst, :, :length].copy_(v_buf[src, :, :length])
+
+    # ------------------------------------------------------------------ Cache API bits
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        # Only consulted by models when position_ids are missing; the runner always passes them.
+        return 0 if self._routing is None else int(self._routing.key_length)
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.max_len
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        length = self.max_len if self._routing is None else self._routing.key_length
+        return length, 0
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+    @property
+    def is_initialized(self) -> bool:
+        return True
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [layer.is_sliding for layer in self.layers]
+
+
+def model_kv_shape(config) -> tuple[int, int, int]:
+    """(num_layers, kv_heads, head_dim) for a decoder config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    num_layers = text.num_hidden_layers
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return num_layers, kv_heads, head_dim

@@ -1,0 +1,372 @@
+"""The engine loop: schedule, run one batched forward, commit tokens. Policies steer it.
+
+`step()` is three parts, as in nano-vllm: the scheduler says what each active sequence
+feeds, the runner runs it in as few forwards as padding allows, and the postprocess samples
+or verifies, appends tokens, checks stop conditions and lets each sequence's policy react
+(fork a draft, force the end-of-thinking marker, finish at a cap). The engine itself has no
+notion of SSR or suffix decoding.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from selfspec.engine.model_runner import Chunk, ModelRunner
+from selfspec.engine.policy import SequencePolicy
+from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
+from selfspec.engine.scheduler import Scheduler
+from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
+from selfspec.spec.proposal import Proposal
+from selfspec.spec.verifiers import VerifyResult
+from selfspec.spec.verifiers import (
+    verify_greedy,
+    verify_rejection_deterministic,
+    verify_rejection_with_draft_probs,
+)
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the engine's context."""
+
+
+@dataclass
+class EngineConfig:
+    """Sizing and batching knobs. Defaults suit a small model on a CPU."""
+
+    num_slots: int = 8
+    max_len: int | None = None  # None: min(model context, 4096)
+    prefill_chunk: int = 512
+    max_prefill_tokens_per_step: int = 1024
+    max_padding_ratio: float | None = None  # None: 1.5 on CPU (padding costs compute), 16 on GPU
+    key_length_bucket: int = 32
+    max_proposal_tokens: int = 64  # long drafts are verified in chunks of this size
+
+    def validate(self) -> None:
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.max_len is not None and self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2, got {self.max_len}")
+        if self.prefill_chunk < 1 or self.max_prefill_tokens_per_step < 1:
+            raise ValueError("prefill_chunk and max_prefill_tokens_per_step must be >= 1")
+        if self.max_proposal_tokens < 1:
+            raise ValueError("max_proposal_tokens must be >= 1")
+
+
+@dataclass
+class StepEvent:
+    """Tokens committed to one sequence in one step (for streaming)."""
+
+    seq: Sequence
+    new_tokens: list[int]
+    finished: bool
+
+
+class Engine:
+    """One model, one slot pool, many sequences."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer=None,
+        config: EngineConfig | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.config.validate()
+        self.model = model
+        self.tokenizer = tokenizer
+        model_ctx = _model_context_length(model.config)
+        max_len = self.config.max_len or min(model_ctx, 4096)
+        if max_len > model_ctx:
+            raise ValueError(f"max_len={max_len} exceeds the model's context of {model_ctx} positions")
+        device = next(model.parameters()).device
+        padding = self.config.max_padding_ratio
+        if padding is None:
+            padding = 16.0 if device.type == "cuda" else 1.5
+        self.runner = ModelRunner(
+            model,
+            num_slots=self.config.num_slots,
+            max_len=max_len,
+            key_length_bucket=self.config.key_length_bucket,
+            max_padding_ratio=padding,
+        )
+        self.max_len = max_len
+        self.device = device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
+        self.scheduler = Scheduler(
+            self.config.num_slots, self.config.prefill_chunk, self.config.max_prefill_tokens_per_step
+        )
+        self.steps = 0
+        self._by_request: dict[str, list[Sequence]] = {}
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        policy: SequencePolicy | None = None,
+    ) -> Sequence:
+        """Queue a request. Invalid input raises here, before it can touch other requests."""
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("empty prompt: at least one token is needed")
+        if len(prompt_ids) >= self.max_len:
+            raise PromptTooLongError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_len} tokens "
+                "(at least one position must remain for the answer)"
+            )
+        bad = [t for t in prompt_ids if not (0 <= int(t) < self.vocab_size)]
+        if bad:
+            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        seq = Sequence(
+            request_id=request_id or uuid.uuid4().hex,
+            token_ids=[int(t) for t in prompt_ids],
+            params=params,
+            generator=None if params.greedy else make_generator(params.seed, self.device),
+            policy=policy,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self._by_request.setdefault(seq.request_id, []).append(seq)
+        self.scheduler.add(seq)
+        return seq
+
+    def fork(
+        self,
+        parent: Sequence,
+        extra_tokens: list[int] = (),
+        *,
+        params: SamplingParams | None = None,
+        policy: SequencePolicy | None = None,
+    ) -> Sequence | None:
+        """Copy `parent` (its KV rows, no recomputation) into a free slot; None when none is free.
+
+        The child's prompt is the parent's whole context so far; `extra_tokens` (e.g. the
+        end-of-thinking marker) are appended to it as forced tokens.
+        """
+        if parent.slot is None or parent.is_finished:
+            raise ValueError("only a running sequence with a slot can be forked")
+        context = list(parent.token_ids) + [int(t) for t in extra_tokens]
+        if len(context) >= self.max_len:
+            return None
+        params = params or parent.params
+        child = Sequence(
+            request_id=parent.request_id,
+            token_ids=context,
+            params=params,
+            generator=None if params.greedy else make_generator(
+                None if params.seed is None else params.seed + 1 + len(parent.children), self.device
+            ),
+            policy=policy,
+            parent=parent,
+            eos_token_ids=parent.eos_token_ids,
+            prompt_len=len(context),
+        )
+        if not self.scheduler.admit_direct(child):
+            return None
+        self.runner.copy_slot(parent.slot, child.slot, parent.num_cached)
+        child.num_cached = parent.num_cached
+        parent.children.append(child)
+        self._by_request.setdefault(child.request_id, []).append(child)
+        return child
+
+    def append_forced(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append tokens the model did not sample (e.g. a forced end-of-thinking marker)."""
+        seq.token_ids.extend(int(t) for t in tokens)
+        seq.forced_token_count += len(tokens)
+        if len(seq.token_ids) >= self.max_len and not seq.is_finished:
+            self.finish(seq, FinishReason.LENGTH, "context full")
+
+    def truncate(self, seq: Sequence, length: int) -> None:
+        """Drop tokens beyond `length`; their K/V become invisible (masked, then overwritten)."""
+        if length < seq.prompt_len:
+            raise ValueError("cannot truncate into the prompt")
+        del seq.token_ids[length:]
+        seq.num_cached = min(seq.num_cached, length - 1)
+
+    def cancel(self, seq: Sequence, detail: str = "cancelled") -> None:
+        """Cancel a sequence and, recursively, its unfinished children; frees their slots."""
+        for child in list(seq.children):
+            if not child.is_finished:
+                self.cancel(child, detail)
+        if not seq.is_finished:
+            self.finish(seq, FinishReason.CANCELLED, detail)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Cancel every sequence of a request (client gone, timeout). True if any was live."""
+        seqs = self._by_request.get(request_id, [])
+        live = [s for s in seqs if not s.is_finished]
+        for s in live:
+            self.cancel(s, "request aborted")
+        return bool(live)
+
+    def finish(self, seq: Sequence, reason: FinishReason, detail: str = "") -> None:
+        if seq.is_finished:
+            return
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_detail = detail
+        seq.finish_time = time.perf_counter()
+        self.scheduler.remove(seq)
+        if seq.policy is not None:
+            seq.policy.on_finish(self, seq)
+        if all(s.is_finished for s in self._by_request.get(seq.request_id, [])):
+            self._by_request.pop(seq.request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[StepEvent]:
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        chunks: list[Chunk] = []
+        work: list[tuple[Sequence, int, Proposal | None]] = []
+        for seq, take in plan:
+            pending = len(seq.token_ids) - seq.num_cached
+            if take < pending:
+                chunk = seq.token_ids[seq.num_cached : seq.num_cached + take]
+                chunks.append(Chunk(seq.slot, seq.num_cached, chunk, 0))
+                work.append((seq, take, None))
+                continue
+            proposal = self._proposal_for(seq)
+            tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
+            chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
+            work.append((seq, pending, proposal))
+        logits = self.runner.run(chunks)
+        self.steps += 1
+        events: list[StepEvent] = []
+        for (seq, fed, proposal), row_logits in zip(work, logits):
+            if seq.is_finished:  # cancelled by a policy earlier in this loop
+                continue
+            if row_logits is None:
+                seq.num_cached += fed
+                seq.stats.prefill_forwards += 1
+                continue
+            new_tokens = self._commit(seq, fed, proposal, row_logits)
+            events.append(StepEvent(seq, new_tokens, seq.is_finished))
+        # Policies react after every row is committed, so a fork sees a consistent engine.
+        for event in events:
+            seq = event.seq
+            if seq.policy is not None and not seq.is_finished and event.new_tokens:
+                seq.policy.on_tokens(self, seq, event.new_tokens)
+            event.finished = seq.is_finished
+        return events
+
+    def _proposal_for(self, seq: Sequence) -> Proposal | None:
+        if seq.policy is None:
+            return None
+        room = min(
+            self.config.max_proposal_tokens,
+            self.max_len - len(seq.token_ids) - 1,
+            seq.params.max_tokens - seq.num_output_tokens - 1,
+        )
+        if room <= 0:
+            return None
+        proposal = seq.policy.propose(self, seq, room)
+        if proposal is None or not proposal.tokens:
+            return None
+        if len(proposal.tokens) > room:
+            probs = proposal.draft_probs[:room] if proposal.draft_probs is not None else None
+            proposal = Proposal(proposal.tokens[:room], probs)
+        return proposal
+
+    def _commit(self, seq: Sequence, fed: int, proposal: Proposal | None, logits: torch.Tensor) -> list[int]:
+        """Sample or verify, append, check stops. Returns the tokens appended."""
+        params = seq.params
+        seq.stats.forwards += 1
+        if proposal is None:
+            if params.greedy:
+                token = int(logits[0].argmax())
+            else:
+                token = sample_from(processed_probs(logits[0], params), seq.generator)
+            result = VerifyResult(0, token)
+        else:
+            result = seq.policy.verify(self, seq, logits, proposal) if seq.policy is not None else None
+            if result is None:
+                result = self._verify(seq, logits, proposal)
+            seq.stats.verify_steps += 1
+            seq.stats.proposed_tokens += len(proposal.tokens)
+            seq.stats.accepted_tokens += result.num_accepted
+        valid_kv = seq.num_cached + fed + result.num_accepted
+        new_tokens = (proposal.tokens[: result.num_accepted] if proposal else []) + [result.next_token]
+        appended = self._append_checked(seq, new_tokens)
+        seq.num_cached = min(valid_kv, len(seq.token_ids) - 1)
+        if seq.first_token_time is None and appended:
+            seq.first_token_time = time.perf_counter()
+        return appended
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
+        params = seq.params
+        if params.greedy:
+            return verify_greedy(logits.argmax(dim=-1), proposal.tokens)
+        probs = processed_probs(logits, params)
+        if proposal.draft_probs is not None:
+            return verify_rejection_with_draft_probs(probs, proposal.tokens, proposal.draft_probs, seq.generator)
+        return verify_rejection_deterministic(probs, proposal.tokens, seq.generator)
+
+    def _append_checked(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        params = seq.params
+        appended: list[int] = []
+        for token in tokens:
+            seq.token_ids.append(token)
+            appended.append(token)
+            produced = seq.num_output_tokens
+            reason = None
+            if token in params.stop_token_ids:
+                reason, detail = FinishReason.STOP, "stop token"
+            elif token in seq.eos_token_ids and not params.ignore_eos and produced >= params.min_tokens:
+                reason, detail = FinishReason.STOP, "eos"
+            elif params.stop and self._hits_stop_string(seq):
+                reason, detail = FinishReason.STOP, "stop string"
+            elif produced >= params.max_tokens:
+                reason, detail = FinishReason.LENGTH, "max_tokens"
+            elif len(seq.token_ids) >= self.max_len:
+                reason, detail = FinishReason.LENGTH, "context full"
+            if reason is not None:
+                self.finish(seq, reason, detail)
+                break
+        return appended
+
+    def _hits_stop_string(self, seq: Sequence) -> bool:
+        if self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        longest = max(len(s) for s in seq.params.stop)
+        # A token decodes to >= 1 char in practice; a window of longest+8 tokens covers a stop string.
+        window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - longest - 8) :]
+        text = self.tokenizer.decode(window, skip_special_tokens=False)
+        return any(s in text for s in seq.params.stop)
+
+
+def _model_context_length(config) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "max_position_embeddings", None) or 4096)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(t) for t in source)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

@@ -1,0 +1,162 @@
+"""Batched model runner: one forward over chunks of several sequences, each at its own position.
+
+The runner owns the tensors (slot KV cache, input/position/mask construction) and nothing
+else: it does not know about requests, sampling or speculation. A chunk is whatever the
+scheduler decided a sequence feeds this step: a 1-token decode, a k-token verification or
+a prefill piece. Chunks are right-aligned so that "the last n positions" of every row are
+the same columns, which lets the model compute logits only for the positions asked for
+(`logits_to_keep`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from selfspec.engine.attention_mask import build_additive_mask, query_positions
+from selfspec.engine.kv_cache import SlotKVCache, model_kv_shape
+
+
+@dataclass
+class Chunk:
+    """What one sequence feeds in a forward."""
+
+    slot: int
+    start: int  # absolute position of token_ids[0]
+    token_ids: list[int]
+    num_logits: int  # logits wanted for the last `num_logits` tokens (0: none)
+
+
+class ModelRunner:
+    """Runs the transformers model over slot-cached, mixed-length chunks."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        num_slots: int,
+        max_len: int,
+        key_length_bucket: int = 32,
+        max_padding_ratio: float = 1.5,
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        text_config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        if getattr(text_config, "use_bidirectional_attention", False):
+            raise ValueError("models with bidirectional attention are not causal LMs; the engine cannot serve them")
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_len = max_len
+        self.num_slots = num_slots
+        self.key_length_bucket = key_length_bucket
+        self.max_padding_ratio = max_padding_ratio
+        num_layers, kv_heads, head_dim = model_kv_shape(self.config)
+        layer_types = getattr(text_config, "layer_types", None)
+        self.sliding_window = getattr(text_config, "sliding_window", None)
+        self.has_sliding = bool(layer_types) and "sliding_attention" in layer_types and self.sliding_window is not None
+        self.cache = SlotKVCache(
+            num_layers=num_layers,
+            num_slots=num_slots,
+            max_len=max_len,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            layer_types=layer_types if self.has_sliding else None,
+            sliding_window=self.sliding_window if self.has_sliding else None,
+        )
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.24 renamed `past_key_values` to `cache`; 5.17 silently swallows `cache=`.
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.forwards = 0
+
+    # ------------------------------------------------------------------ public
+    @torch.inference_mode()
+    def run(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
+        """Run every chunk; return, per chunk, logits [num_logits, V] (float32) or None."""
+        for c in chunks:
+            end = c.start + len(c.token_ids)
+            if not c.token_ids:
+                raise ValueError("empty chunk")
+            if end > self.max_len:
+                raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
+        results: list[torch.Tensor | None] = [None] * len(chunks)
+        for group in self._group(chunks):
+            logits = self._forward([chunks[i] for i in group])
+            for row, i in enumerate(group):
+                n = chunks[i].num_logits
+                if n > 0:
+                    results[i] = logits[row, logits.shape[1] - n :]
+        return results
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        self.cache.copy_slot(src, dst, length)
+
+    # ------------------------------------------------------------------ internals
+    def _group(self, chunks: list[Chunk]) -> list[list[int]]:
+        """Split chunks into forwards so that padding stays bounded.
+
+        One forward per step is best when steps are launch-bound (GPU); on a CPU the padded
+        tokens cost real compute. Greedy: longest first, add while padded/real stays under
+        `max_padding_ratio`.
+        """
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids), reverse=True)
+        groups: list[list[int]] = []
+        current: list[int] = []
+        width = real = 0
+        for i in order:
+            n = len(chunks[i].token_ids)
+            if current and (len(current) + 1) * width > self.max_padding_ratio * (real + n):
+                groups.append(current)
+                current, real = [], 0
+            if not current:
+                width = n
+            current.append(i)
+            real += n
+        if current:
+            groups.append(current)
+        # Rows in slot order make the cache read a plain slice when slots are contiguous.
+        return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
+
+    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        device = self.device
+        chunk_len = max(len(c.token_ids) for c in chunks)
+        batch = len(chunks)
+        input_ids = torch.zeros((batch, chunk_len), dtype=torch.long)
+        for b, c in enumerate(chunks):
+            input_ids[b, chunk_len - len(c.token_ids) :] = torch.tensor(c.token_ids, dtype=torch.long)
+        input_ids = input_ids.to(device, non_blocking=True)
+        starts = torch.tensor([c.start for c in chunks], device=device)
+        lengths = torch.tensor([len(c.token_ids) for c in chunks], device=device)
+        positions, _ = query_positions(starts, lengths, chunk_len)
+        needed = max(c.start + len(c.token_ids) for c in chunks)
+        key_length = min(self.max_len, -(-needed // self.key_length_bucket) * self.key_length_bucket)
+        mask = build_additive_mask(positions, key_length, self.dtype)
+        if self.has_sliding:
+            sliding = build_additive_mask(positions, key_length, self.dtype, self.sliding_window)
+            attention_mask = {"full_attention": mask, "sliding_attention": sliding}
+        else:
+            attention_mask = mask
+        self.cache.prepare_step(
+            slots=[c.slot for c in chunks],
+            starts=[c.start for c in chunks],
+            lengths=[len(c.token_ids) for c in chunks],
+            chunk_len=chunk_len,
+            key_length=key_length,
+        )
+        num_logits = max(1, max(c.num_logits for c in chunks))
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=num_logits,
+                **{self.cache_kwarg: self.cache},
+            )
+        finally:
+            self.cache.end_step()
+        self.forwards += 1
+        return out.logits.float()

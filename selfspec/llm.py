@@ -1,0 +1,301 @@
+"""The `LLM` facade: load a model, build prompts, run requests through the engine.
+
+`LLM(model="smollm2").generate(prompts, SamplingParams(...), spec=...)` is the one entry point
+that the CLI, the server and the benchmarks share. A `spec` config (SSR, suffix decoding,
+prompt lookup) only chooses the policy each request's sequence carries; the engine and the
+outputs' shape are the same in every mode, which is what makes side-by-side ratios honest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence as Seq
+
+import torch
+
+from selfspec.engine.llm_engine import Engine, EngineConfig, StepEvent
+from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.sequence import Sequence
+from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
+from selfspec.policies.thinking import ThinkingLimits, ThinkingPolicy
+
+Prompt = str | list[dict] | list[int]
+
+
+@dataclass
+class Timings:
+    """Seconds, measured on the host around the engine loop."""
+
+    ttft: float | None  # arrival -> first output token
+    total: float  # arrival -> finish
+    thinking: float | None = None  # arrival -> end of thinking
+    first_answer_token: float | None = None  # arrival -> first answer token
+    answer: float | None = None  # end of thinking -> finish
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    finish_detail: str
+    timings: Timings
+    reasoning_text: str | None = None
+    answer_text: str | None = None
+    answer_token_ids: list[int] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class LLM:
+    """A model with its engine. Construct from a name/path, or wrap a loaded model (tests)."""
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        device: str = "cpu",
+        dtype: str | torch.dtype = "float32",
+        cache_dir: str | None = None,
+        engine_config: EngineConfig | None = None,
+        thinking_format: ThinkingFormat | None = None,
+        think_start: str | None = None,
+        think_end: str | None = None,
+    ) -> None:
+        from selfspec.models import load_model
+
+        loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
+        self._init(loaded.model, loaded.tokenizer, engine_config, thinking_format, think_start, think_end)
+        self.model_name = loaded.name
+
+    @classmethod
+    def from_model(
+        cls,
+        model: torch.nn.Module,
+        tokenizer=None,
+        *,
+        engine_config: EngineConfig | None = None,
+        thinking_format: ThinkingFormat | None = None,
+        name: str = "custom",
+    ) -> "LLM":
+        self = cls.__new__(cls)
+        self._init(model, tokenizer, engine_config, thinking_format, None, None)
+        self.model_name = name
+        return self
+
+    def _init(self, model, tokenizer, engine_config, thinking_format, think_start, think_end) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.engine = Engine(model, tokenizer, engine_config)
+        if thinking_format is None and tokenizer is not None:
+            thinking_format = ThinkingFormat.detect(tokenizer, override_start=think_start, override_end=think_end)
+        self.thinking_format = thinking_format
+
+    # ------------------------------------------------------------------ prompts
+    def encode_prompt(self, prompt: Prompt, *, thinking: bool | None = None) -> list[int]:
+        """Token ids for a prompt: raw ids pass through; text/messages go through the chat template."""
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; pass token ids instead")
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError("empty prompt")
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("empty prompt: no messages")
+        fmt = self.thinking_format
+        enable = self._thinking_enabled(thinking)
+        return build_prompt_ids(self.tokenizer, prompt, fmt, enable_thinking=enable)
+
+    def _thinking_enabled(self, thinking: bool | None) -> bool:
+        fmt = self.thinking_format
+        if fmt is None or fmt.kind == "none":
+            return False
+        if thinking is None:
+            return fmt.kind == "native"
+        return thinking
+
+    # ------------------------------------------------------------------ generation
+    def make_policy(self, spec: Any, limits: ThinkingLimits | None, thinking: bool) -> ThinkingPolicy:
+        """The per-request policy: a spec config builds its own, else plain thinking rules."""
+        if spec is not None:
+            return spec.build_policy(self, limits=limits, thinking=thinking)
+        return ThinkingPolicy(self.thinking_format, limits, thinking=thinking)
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        spec: Any = None,
+        limits: ThinkingLimits | None = None,
+        thinking: bool | None = None,
+        request_id: str | None = None,
+    ) -> Sequence:
+        """Queue one request without running the loop (the server and streaming use this)."""
+        params = params or SamplingParams()
+        if thinking is None and getattr(spec, "needs_thinking", False):
+            thinking = True
+        enable = self._thinking_enabled(thinking)
+        if limits is not None:
+            limits.validate()
+            if limits.fixed_length:
+                params.ignore_eos = True
+        prompt_ids = self.encode_prompt(prompt, thinking=enable)
+        policy = self.make_policy(spec, limits, enable)
+        seq = self.engine.add_request(prompt_ids, params, request_id=request_id, policy=policy)
+        return seq
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        spec: Any = None,
+        limits: ThinkingLimits | None = None,
+        thinking: bool | None = None,
+        progress: bool = False,
+        on_event: Callable[[StepEvent], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Run prompts to completion (continuous batching over the engine's slots)."""
+        batch = _as_batch(prompts)
+        if isinstance(params, SamplingParams) or params is None:
+            params_list = [_copy_params(params or SamplingParams()) for _ in batch]
+        else:
+            params_list = list(params)
+            if len(params_list) != len(batch):
+                raise ValueError(f"{len(params_list)} sampling params for {len(batch)} prompts")
+        seqs = [
+            self.submit(p, sp, spec=spec, limits=_copy_limits(limits), thinking=thinking)
+            for p, sp in zip(batch, params_list)
+        ]
+        self.run_until_done(seqs, progress=progress, on_event=on_event)
+        return [self.result(s) for s in seqs]
+
+    def run_until_done(self, seqs: list[Sequence], *, progress: bool = False, on_event=None) -> None:
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(seqs), desc="generate", unit="req")
+        done = 0
+        while not all(s.is_finished for s in seqs):
+            for event in self.engine.step():
+                if on_event is not None:
+                    on_event(event)
+            if bar is not None:
+                now = sum(s.is_finished for s in seqs)
+                bar.update(now - done)
+                done = now
+        if bar is not None:
+            bar.close()
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        spec: Any = None,
+        limits: ThinkingLimits | None = None,
+        thinking: bool | None = None,
+    ) -> Iterator[list[int]]:
+        """Yield the token ids committed to the request at each step, then stop."""
+        seq = self.submit(prompt, params, spec=spec, limits=limits, thinking=thinking)
+        sent = seq.prompt_len
+        while not seq.is_finished:
+            self.engine.step()
+            # Tokens may be truncated by a cap after commit; stream only what is stable.
+            if len(seq.token_ids) > sent:
+                yield seq.token_ids[sent:]
+                sent = len(seq.token_ids)
+        if len(seq.token_ids) > sent:
+            yield seq.token_ids[sent:]
+        self._last_stream_seq = seq
+
+    # ------------------------------------------------------------------ results
+    def result(self, seq: Sequence) -> GenerationResult:
+        out = seq.output_ids
+        policy = seq.policy
+        metrics: dict[str, Any] = {
+            "prompt_tokens": seq.prompt_len,
+            "output_tokens": len(out),
+            "forwards": seq.stats.forwards,
+            "proposed_tokens": seq.stats.proposed_tokens,
+            "accepted_tokens": seq.stats.accepted_tokens,
+            "verify_steps": seq.stats.verify_steps,
+        }
+        timings = Timings(
+            ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+            total=(seq.finish_time or time.perf_counter()) - seq.arrival_time,
+        )
+        reasoning_text = answer_text = None
+        answer_ids = None
+        if isinstance(policy, ThinkingPolicy):
+            pm = policy.metrics
+            metrics.update(cot_tokens=pm.cot_tokens, answer_tokens=pm.answer_tokens, thinking_closed_by=pm.thinking_closed_by)
+            metrics.update(policy.report() if hasattr(policy, "report") else {})
+            if pm.thinking_end_time is not None:
+                timings.thinking = pm.thinking_end_time - seq.arrival_time
+                timings.answer = (seq.finish_time or time.perf_counter()) - pm.thinking_end_time
+            if pm.first_answer_token_time is not None:
+                timings.first_answer_token = pm.first_answer_token_time - seq.arrival_time
+            if policy.thinking:
+                start = pm.answer_start if pm.answer_start is not None else len(seq.token_ids)
+                answer_ids = seq.token_ids[start:]
+                reasoning_ids = seq.token_ids[seq.prompt_len : start]
+                if self.tokenizer is not None:
+                    reasoning_text = self.tokenizer.decode(reasoning_ids, skip_special_tokens=True)
+                    answer_text = self.tokenizer.decode(answer_ids, skip_special_tokens=True)
+            else:
+                answer_ids = out
+        text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else ""
+        if seq.params.stop and seq.finish_detail == "stop string":
+            text = _cut_at_stop(text, seq.params.stop)
+            if answer_text is not None:
+                answer_text = _cut_at_stop(answer_text, seq.params.stop)
+        if answer_text is None and answer_ids is not None and self.tokenizer is not None:
+            answer_text = text
+        return GenerationResult(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.token_ids[: seq.prompt_len],
+            token_ids=out,
+            text=text,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else "running",
+            finish_detail=seq.finish_detail,
+            timings=timings,
+            reasoning_text=reasoning_text,
+            answer_text=answer_text,
+            answer_token_ids=answer_ids,
+            metrics=metrics,
+        )
+
+
+def _as_batch(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], dict):
+        return [prompts]  # one chat
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], int):
+        return [prompts]  # one tokenized prompt
+    batch = list(prompts)
+    if not batch:
+        raise ValueError("no prompts given")
+    return batch
+
+
+def _copy_params(p: SamplingParams) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(p, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids))
+
+
+def _copy_limits(limits: ThinkingLimits | None) -> ThinkingLimits | None:
+    from dataclasses import replace
+
+    return None if limits is None else replace(limits)
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> str:
+    cut = min((text.find(s) for s in stops if s in text), default=-1)
+    return text if cut < 0 else text[:cut]
