@@ -291,32 +291,33 @@ class Engine:
         """Sample or verify, append, check stops. Returns the tokens appended."""
         params = seq.params
         seq.stats.forwards += 1
+        probs = None if params.greedy else processed_probs(logits, params)
         if proposal is None:
-            if params.greedy:
+            if probs is None:
                 token = int(logits[0].argmax())
             else:
-                token = sample_from(processed_probs(logits[0], params), seq.generator)
+                token = sample_from(probs[0], seq.generator)
             result = VerifyResult(0, token)
         else:
             result = seq.policy.verify(self, seq, logits, proposal) if seq.policy is not None else None
             if result is None:
-                result = self._verify(seq, logits, proposal)
+                result = self._verify(seq, logits, probs, proposal)
             seq.stats.verify_steps += 1
             seq.stats.proposed_tokens += len(proposal.tokens)
             seq.stats.accepted_tokens += result.num_accepted
         valid_kv = seq.num_cached + fed + result.num_accepted
         new_tokens = (proposal.tokens[: result.num_accepted] if proposal else []) + [result.next_token]
         appended = self._append_checked(seq, new_tokens)
+        if seq.record_probs and probs is not None:
+            seq.sampled_probs.extend(probs[: len(appended)])
         seq.num_cached = min(valid_kv, len(seq.token_ids) - 1)
         if seq.first_token_time is None and appended:
             seq.first_token_time = time.perf_counter()
         return appended
 
-    def _verify(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
-        params = seq.params
-        if params.greedy:
+    def _verify(self, seq: Sequence, logits: torch.Tensor, probs: torch.Tensor | None, proposal: Proposal) -> VerifyResult:
+        if probs is None:
             return verify_greedy(logits.argmax(dim=-1), proposal.tokens)
-        probs = processed_probs(logits, params)
         if proposal.draft_probs is not None:
             return verify_rejection_with_draft_probs(probs, proposal.tokens, proposal.draft_probs, seq.generator)
         return verify_rejection_deterministic(probs, proposal.tokens, seq.generator)

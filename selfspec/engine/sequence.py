@@ -74,6 +74,10 @@ class Sequence:
     stats: SequenceStats = field(default_factory=SequenceStats)
     children: list["Sequence"] = field(default_factory=list)
     user_data: dict[str, Any] = field(default_factory=dict)
+    # When set (sampled requests only), the engine keeps the distribution each committed
+    # token was drawn from, so a draft can later be verified with its own probabilities.
+    record_probs: bool = False
+    sampled_probs: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_len:

@@ -1,0 +1,108 @@
+"""Per-request SSR options, validated (they arrive from the CLI, the API and HTTP bodies).
+
+Defaults are the paper's fixed-length row: draft budget 500, max draft 500, reuse
+prefix+suffix, suffix depth / spec tokens / factor 4 / 16 / 4 over the draft only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from selfspec.spec.suffix_proposer import SuffixConfig
+
+if TYPE_CHECKING:
+    from selfspec.llm import LLM
+    from selfspec.policies.thinking import ThinkingLimits
+
+ReuseMode = Literal["off", "prefix", "suffix", "prefix+suffix"]
+SuffixSource = Literal["draft", "prompt", "output", "global"]
+
+
+class SuffixOptions(BaseModel):
+    """SuffixDecoding knobs (see `selfspec.spec.suffix_proposer.SuffixConfig`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_depth: int = Field(4, ge=2, le=256)
+    max_spec_tokens: int = Field(16, ge=1, le=1024)
+    spec_factor: float = Field(4.0, ge=0.0)
+    spec_offset: float = Field(0.0, ge=0.0)
+    min_token_prob: float = Field(0.0, ge=0.0, le=1.0)
+    mode: Literal["tree", "longest_match"] = "tree"
+
+    def to_config(self, *, index_context: bool = False) -> SuffixConfig:
+        return SuffixConfig(
+            max_depth=self.max_depth,
+            max_spec_tokens=self.max_spec_tokens,
+            spec_factor=self.spec_factor,
+            spec_offset=self.spec_offset,
+            min_token_prob=self.min_token_prob,
+            mode=self.mode,
+            index_context=index_context,
+        )
+
+
+class SSRConfig(BaseModel):
+    """How one request speculates on itself.
+
+    draft_budgets: CoT lengths at which a draft is forked (one or several).
+    draft_interval: iterative drafting: fork every `draft_interval` CoT tokens (overrides
+      `draft_budgets`), up to `max_drafts` (None: until thinking ends or the CoT cap).
+    max_draft_len: a draft stops after this many answer tokens.
+    reuse: off (drafts made, not used: the overhead figure) | prefix (verify the draft under
+      the full CoT, accept the longest prefix) | suffix (draft as a suffix-decoding source
+      only) | prefix+suffix.
+    suffix_sources: where suffix speculation copies from; "draft" by default, as the paper.
+    speculate_drafts: a later draft is speculated from earlier ones (iterative drafting).
+    cancel_older_drafts: forking a new draft cancels older drafts still running (their
+      partial tokens stay usable as sources).
+    use_draft_probs: sampled requests keep each draft token's distribution and verify the
+      draft by rejection sampling with those probabilities (Leviathan et al.); otherwise the
+      draft is verified as a deterministic proposal. Both are exact in distribution; this
+      one accepts more but holds a [draft_len, vocab] tensor per draft.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    needs_thinking: ClassVar[bool] = True
+
+    draft_budgets: list[int] = Field(default_factory=lambda: [500])
+    draft_interval: int | None = Field(None, ge=1)
+    max_drafts: int | None = Field(None, ge=1)
+    max_draft_len: int = Field(500, ge=1)
+    reuse: ReuseMode = "prefix+suffix"
+    suffix: SuffixOptions = Field(default_factory=SuffixOptions)
+    suffix_sources: list[SuffixSource] = Field(default_factory=lambda: ["draft"])
+    speculate_drafts: bool = True
+    cancel_older_drafts: bool = True
+    use_draft_probs: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "SSRConfig":
+        if not self.draft_budgets and self.draft_interval is None:
+            raise ValueError("give draft_budgets or draft_interval")
+        if any(b < 1 for b in self.draft_budgets):
+            raise ValueError("draft budgets must be positive CoT lengths")
+        self.draft_budgets = sorted(set(self.draft_budgets))
+        if not self.suffix_sources:
+            raise ValueError("suffix_sources must not be empty")
+        return self
+
+    def budgets_up_to(self, cot_cap: int | None) -> list[int]:
+        """The CoT lengths at which to fork, for a request with this CoT cap."""
+        if self.draft_interval is None:
+            budgets = list(self.draft_budgets)
+        else:
+            limit = cot_cap if cot_cap is not None else 1 << 20
+            budgets = list(range(self.draft_interval, limit, self.draft_interval))
+        if cot_cap is not None:
+            budgets = [b for b in budgets if b < cot_cap]
+        if self.max_drafts is not None:
+            budgets = budgets[: self.max_drafts]
+        return budgets
+
+    def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool):
+        from selfspec.ssr.controller import SSRPolicy
+
+        return SSRPolicy(self, llm.thinking_format, limits, thinking=thinking, global_history=getattr(llm, "global_history", None))
