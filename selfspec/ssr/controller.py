@@ -322,7 +322,10 @@ class SSRPolicy(ThinkingPolicy):
             "draft_forwards": sum(d.seq.stats.forwards for d in self.drafts),
             "draft_fork_cot": [d.cot_tokens for d in self.drafts],
             "fork_failures": self.fork_failures,
-            "accepted_prefix": self._prefix_matched() if self.stage == "prefix" else self.accepted_prefix,
+            # A bonus token cut by a cap never became an answer token.
+            "accepted_prefix": min(
+                self._prefix_matched() if self.stage == "prefix" else self.accepted_prefix, self.metrics.answer_tokens
+            ),
             "suffix_accepted_tokens": self.suffix_accepted,
             "answer_verify_steps": self.answer_verify_steps,
             "answer_forwards": self.answer_forwards,

@@ -1,0 +1,571 @@
+"""LoRA training of a small "thinker" on the seeded think→answer traces.
+
+No reasoning model is reachable offline, so the testbed makes one: a base model (by
+default SmolLM2-135M-Instruct) learns, through a LoRA adapter on every linear layer,
+to write a chain of thought inside `<think>` … `</think>` and then an answer that the
+CoT has already built piece by piece. That is the property SSR needs to be measured
+honestly: a draft forked mid-thought should already hold part of the final answer.
+
+Three choices shape this module:
+
+* **Data is a generator plus a seed, never files.** `DataSpec` names the families,
+  their difficulty knobs (`DATA_VERSION` pins the defaults), the seed and the count;
+  any machine regenerates the same examples bit for bit, so the GPU run carries no
+  data and the held-out split is just another seed.
+* **The token boundaries are the engine's.** The prompt is tokenized exactly as
+  `build_prompt_ids` tokenizes it at inference (chat template, then the opening
+  marker for prompted-thinking models), and the CoT is closed with the format's
+  `close_ids`: the tokens the engine appends when it closes thinking by force or
+  forks an SSR draft. A draft therefore sees the very boundary the model learned.
+* **Loss on the assistant part only**, computed from hidden states at target
+  positions (the vocabulary projection runs on those rows only), with batches
+  grouped by length and right padding, so plain causal attention needs no mask.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from selfspec.models.registry import ADAPTER_MANIFEST
+from selfspec.models.thinking import ThinkingFormat, build_prompt_text
+from selfspec.thinker.tasks import TaskItem, families as all_families, format_training_text, generate_split
+
+DATA_VERSION = "thinker-data-v1"
+"""Names `DEFAULT_TASK_KNOBS` together with the task families' own versions. Bump it
+whenever the knobs change, so an adapter's TRAINING.md says which data it saw."""
+
+DEFAULT_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    # Sized so that prompt + CoT + answer mostly fit 3k tokens: a 135M model can keep
+    # that much in view, and every answer is still 100-500 tokens long (SSR needs
+    # answers worth drafting).
+    "class_synthesis": {"min_methods": 2, "max_methods": 4, "min_answer_tokens": 120},
+    "record_extraction": {
+        "min_records": 5,
+        "max_records": 10,
+        "min_columns": 3,
+        "max_columns": 4,
+        "min_answer_tokens": 100,
+    },
+    "route_finding": {"min_hops": 4, "max_hops": 10, "min_answer_tokens": 80},
+    "arithmetic_search": {
+        "min_puzzles": 3,
+        "max_puzzles": 6,
+        "min_numbers": 4,
+        "max_numbers": 5,
+        "min_steps": 2,
+        "max_steps": 3,
+        "min_answer_tokens": 80,
+    },
+}
+
+TRAIN_SEED = 0
+"""Stream of the training split; held-out evaluation uses other seeds."""
+
+IGNORE_INDEX = -100
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Which items to generate: `items_per_family` items of each family from stream `seed`."""
+
+    families: tuple[str, ...] = tuple(all_families())
+    seed: int = TRAIN_SEED
+    items_per_family: int = 1500
+    knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_TASK_KNOBS)
+    version: str = DATA_VERSION
+
+    def items(self, start: int = 0) -> list[TaskItem]:
+        knobs = {name: dict(self.knobs.get(name, {})) for name in self.families}
+        return generate_split(list(self.families), self.seed, self.items_per_family, knobs=knobs, start=start)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "families": list(self.families),
+            "seed": self.seed,
+            "items_per_family": self.items_per_family,
+            "knobs": {name: dict(self.knobs.get(name, {})) for name in self.families},
+        }
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenized trace: `input_ids` = prompt + target; loss on positions >= `prompt_len`."""
+
+    input_ids: tuple[int, ...]
+    prompt_len: int
+    family: str
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+
+def encode_example(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> Example:
+    """Tokenize one item with the engine's boundaries (see the module docstring).
+
+    The text is `format_training_text`'s: chat prompt, then `<think>\\n{cot}\\n</think>\\n\\n
+    {answer}`, then EOS. Whatever of the target the prompt builder already opened (the
+    start marker, for prompted-thinking models) belongs to the prompt; the close marker
+    is `fmt.close_ids` verbatim.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token: the thinker must learn where to stop")
+    messages, target = format_training_text(item)
+    prompt_text, raw = build_prompt_text(tokenizer, messages, fmt, enable_thinking=True)
+    prompt_ids = list(tokenizer.encode(prompt_text, add_special_tokens=raw))
+    opened = f"{fmt.start_marker}\n"
+    if fmt.kind == "prompted" and prompt_text.endswith(opened):
+        if not target.startswith(opened):
+            raise ValueError(f"training target does not open with {opened!r}")
+        target = target[len(opened):]
+    close_text = f"\n{fmt.end_marker}\n\n"
+    head, separator, answer = target.rpartition(close_text)
+    if not separator:
+        raise ValueError(f"training target of {item.uid} has no {close_text!r}")
+    ids = prompt_ids + _encode(tokenizer, head) + list(fmt.close_ids) + _encode(tokenizer, answer)
+    ids.append(int(tokenizer.eos_token_id))
+    return Example(tuple(ids), len(prompt_ids), item.family)
+
+
+def encode_examples(
+    tokenizer: Any, fmt: ThinkingFormat, items: Sequence[TaskItem], max_len: int
+) -> tuple[list[Example], dict[str, int]]:
+    """Tokenize items, dropping those longer than `max_len`; also count the drops per family."""
+    kept: list[Example] = []
+    dropped: dict[str, int] = {}
+    for item in items:
+        example = encode_example(tokenizer, fmt, item)
+        if len(example) > max_len:
+            dropped[item.family] = dropped.get(item.family, 0) + 1
+            continue
+        kept.append(example)
+    return kept, dropped
+
+
+def plan_batches(lengths: Sequence[int], tokens_per_batch: int, seed: int, epoch: int) -> list[list[int]]:
+    """Group example indices into batches of similar length, at most `tokens_per_batch`
+    padded tokens each, in a seeded order that changes per epoch.
+
+    Length grouping keeps padding small; the per-epoch shuffle (of batches, and of
+    examples within equal lengths) keeps training from seeing lengths in order.
+    """
+    rng = random.Random(f"thinker-batches|{seed}|{epoch}")
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: lengths[i])  # stable: ties stay shuffled
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        width = lengths[index]  # ascending, so the newest example is the widest
+        if current and (len(current) + 1) * width > tokens_per_batch:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and next-token labels (IGNORE_INDEX outside the target)."""
+    width = max(len(e) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    for row, example in enumerate(examples):
+        ids = torch.tensor(example.input_ids, dtype=torch.long)
+        input_ids[row, : len(ids)] = ids
+        # Position t predicts token t + 1: the labels are the ids shifted left by one.
+        labels[row, example.prompt_len - 1 : len(ids) - 1] = ids[example.prompt_len :]
+    return input_ids, labels
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
+def add_lora(model: Any, spec: LoraSpec) -> Any:
+    """Wrap `model` in a peft LoRA model (the tied output head is left alone)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
+    config = LoraConfig(
+        r=spec.r,
+        lora_alpha=spec.alpha,
+        lora_dropout=spec.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any, float | None]:
+    """The transformer body, the output projection and the logit soft-cap, if any."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = inner.get_decoder() if hasattr(inner, "get_decoder") else inner.model
+    head = inner.get_output_embeddings()
+    config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+    return decoder, head, getattr(config, "final_logit_softcapping", None)
+
+
+def target_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Mean next-token cross-entropy over target positions, and their count.
+
+    Right padding + causal attention: real tokens never see the padding, so no mask is
+    passed (SDPA then takes its causal fast path). The vocabulary projection runs on
+    target rows only, in float32.
+    """
+    decoder, head, softcap = _decoder_and_head(model)
+    hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+    picked = labels != IGNORE_INDEX
+    logits = head(hidden[picked]).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    targets = labels[picked]
+    return torch.nn.functional.cross_entropy(logits, targets), int(targets.numel())
+
+
+@torch.no_grad()
+def mean_loss(model: Any, examples: Sequence[Example], pad_id: int, tokens_per_batch: int, autocast: Any) -> float:
+    """Token-weighted mean target loss over `examples` (held-out monitoring)."""
+    if not examples:
+        return float("nan")
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    device = next(model.parameters()).device
+    for batch in plan_batches([len(e) for e in examples], tokens_per_batch, seed=0, epoch=0):
+        input_ids, labels = collate([examples[i] for i in batch], pad_id)
+        with autocast():
+            loss, n = target_loss(model, input_ids.to(device), labels.to(device))
+        total += float(loss) * n
+        count += n
+    model.train(was_training)
+    return total / count
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float, floor_ratio: float) -> float:
+    """Linear warm-up to `peak`, then cosine decay to `floor_ratio * peak` at `total_steps`."""
+    if warmup_steps and step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on; recorded verbatim in the adapter's manifest."""
+
+    base: str = "smollm2"
+    data: DataSpec = field(default_factory=DataSpec)
+    heldout_items_per_family: int = 8  # for the held-out loss, from stream `heldout_seed`
+    heldout_seed: int = 999
+    max_len: int = 3072
+    tokens_per_batch: int = 49152
+    epochs: float = 2.0
+    lr: float = 1e-3
+    warmup_ratio: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"  # "bfloat16": bf16 base weights + autocast, fp32 LoRA weights
+    save_dtype: str = "bfloat16"  # adapter weights on disk (halves the file)
+    time_limit_s: float | None = None  # stop early (and say so) this many seconds after the run began
+    log_every: int = 10
+
+    def describe(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["data"] = self.data.describe()
+        data["lora"] = asdict(self.lora)
+        return data
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    planned_steps: int
+    epochs_done: float
+    examples: int
+    dropped: dict[str, int]
+    target_tokens: int
+    padded_tokens: int
+    seconds: float
+    data_seconds: float
+    loss_log: list[dict[str, float]]
+    heldout_loss_before: float
+    heldout_loss_after: float
+    stopped_early: bool
+    device_name: str
+    versions: dict[str, str]
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def library_versions() -> dict[str, str]:
+    import peft
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU ({torch.get_num_threads()} threads)"
+
+
+def _autocast_factory(device: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
+    if dtype == torch.float32:
+        return lambda: torch.autocast(device_type=device.type, enabled=False)
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_thinker(
+    config: TrainConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    fmt: ThinkingFormat | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> tuple[Any, TrainResult]:
+    """Train a LoRA adapter on `config.data`; return the peft model and what happened.
+
+    Pass `model`/`tokenizer` to train on an already loaded model (tests); otherwise
+    `config.base` is loaded with `selfspec.models.load_model`, the same loader that
+    later merges the adapter, so the adapter is trained against the very weights it
+    will be merged into.
+    """
+    from selfspec.models.loader import load_model, parse_dtype, resolve_device
+
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    device = resolve_device(config.device)
+    dtype = parse_dtype(config.dtype)
+    if model is None or tokenizer is None:
+        loaded = load_model(config.base, device=device, dtype=dtype)
+        model, tokenizer = loaded.model, loaded.tokenizer
+        fmt = fmt or loaded.thinking
+    else:
+        model = model.to(device=device, dtype=dtype)
+    fmt = fmt or ThinkingFormat.detect(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    examples, dropped = encode_examples(tokenizer, fmt, config.data.items(), config.max_len)
+    heldout_spec = DataSpec(
+        config.data.families, config.heldout_seed, config.heldout_items_per_family, config.data.knobs
+    )
+    heldout, _ = encode_examples(tokenizer, fmt, heldout_spec.items(), config.max_len)
+    data_seconds = time.perf_counter() - started
+    if not examples:
+        raise ValueError(f"no training example fits max_len={config.max_len}")
+    log(
+        f"data {config.data.version}: {len(examples)} examples "
+        f"({sum(dropped.values())} over {config.max_len} tokens dropped: {dropped or 'none'}), "
+        f"{sum(len(e) for e in examples)} tokens, built in {data_seconds:.1f}s"
+    )
+
+    torch.manual_seed(config.seed)  # LoRA init draws from the global generator
+    model.requires_grad_(False)
+    peft_model = add_lora(model, config.lora)
+    for parameter in peft_model.parameters():
+        if parameter.requires_grad:
+            parameter.data = parameter.data.float()
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    log(f"LoRA r={config.lora.r} alpha={config.lora.alpha}: {sum(p.numel() for p in trainable)} trainable parameters")
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    autocast = _autocast_factory(device, dtype)
+
+    lengths = [len(e) for e in examples]
+    whole_epochs = math.ceil(config.epochs)
+    schedule = [plan_batches(lengths, config.tokens_per_batch, config.seed, epoch) for epoch in range(whole_epochs)]
+    steps_per_epoch = len(schedule[0])
+    planned = max(1, round(config.epochs * steps_per_epoch))
+    flat = [batch for epoch in schedule for batch in epoch][:planned]
+    warmup = round(config.warmup_ratio * planned)
+
+    heldout_before = mean_loss(peft_model, heldout, pad_id, config.tokens_per_batch, autocast)
+    log(f"held-out loss before training: {heldout_before:.4f} ({len(heldout)} examples)")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=planned, desc="train", unit="step")
+    peft_model.train()
+    loss_log: list[dict[str, float]] = []
+    target_tokens = padded_tokens = 0
+    window_loss = window_count = 0.0
+    train_started = time.perf_counter()
+    stopped_early = False
+    steps_done = 0
+    for step, batch in enumerate(flat):
+        if config.time_limit_s is not None and time.perf_counter() - started > config.time_limit_s:
+            stopped_early = True
+            log(f"time limit {config.time_limit_s}s reached: stopping after {step} of {planned} steps")
+            break
+        lr = lr_at(step, planned, warmup, config.lr, config.min_lr_ratio)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        input_ids, labels = collate([examples[i] for i in batch], pad_id)
+        with autocast():
+            loss, count = target_loss(peft_model, input_ids.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps_done = step + 1
+        target_tokens += count
+        padded_tokens += input_ids.numel()
+        window_loss += float(loss.detach()) * count  # one host sync per step: the loss log
+        window_count += count
+        if bar is not None:
+            bar.update(1)
+        if steps_done % config.log_every == 0 or steps_done == planned:
+            elapsed = time.perf_counter() - train_started
+            entry = {
+                "step": steps_done,
+                "loss": window_loss / window_count,
+                "lr": lr,
+                "seconds": round(elapsed, 2),
+                "tokens_per_s": round(padded_tokens / max(elapsed, 1e-9)),
+            }
+            loss_log.append(entry)
+            window_loss = window_count = 0.0
+            message = f"step {steps_done}/{planned} loss {entry['loss']:.4f} lr {lr:.2e} {entry['tokens_per_s']} tok/s"
+            if bar is not None:
+                bar.write(message)
+            else:
+                log(message)
+    if bar is not None:
+        bar.close()
+    heldout_after = mean_loss(peft_model, heldout, pad_id, config.tokens_per_batch, autocast)
+    log(f"held-out loss after training: {heldout_after:.4f}")
+    seconds = time.perf_counter() - started
+    result = TrainResult(
+        steps=steps_done,
+        planned_steps=planned,
+        epochs_done=steps_done / steps_per_epoch,
+        examples=len(examples),
+        dropped=dropped,
+        target_tokens=target_tokens,
+        padded_tokens=padded_tokens,
+        seconds=round(seconds, 2),
+        data_seconds=round(data_seconds, 2),
+        loss_log=loss_log,
+        heldout_loss_before=heldout_before,
+        heldout_loss_after=heldout_after,
+        stopped_early=stopped_early,
+        device_name=device_name(device),
+        versions=library_versions(),
+    )
+    return peft_model, result
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_adapter(
+    peft_model: Any,
+    out_dir: str | Path,
+    config: TrainConfig,
+    result: TrainResult,
+    *,
+    description: str | None = None,
+    command: str | None = None,
+) -> Path:
+    """Write the adapter where the registry finds it: peft files + `selfspec_adapter.json`.
+
+    Weights are stored in `config.save_dtype` (the loader merges them into a float32
+    base); the manifest records the base, the markers, the data version and the run.
+    """
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    from selfspec.models.loader import parse_dtype
+
+    target = Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    save_dtype = parse_dtype(config.save_dtype)
+    state = get_peft_model_state_dict(peft_model)
+    state = {name: tensor.detach().to("cpu", save_dtype).contiguous() for name, tensor in state.items()}
+    save_file(state, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+    peft_model.peft_config["default"].save_pretrained(str(target))
+    manifest = {
+        "base": config.base,
+        "description": description
+        or f"{config.base} + thinker LoRA (r={config.lora.r}) trained on {config.data.version} traces",
+        "thinking_start": "<think>",
+        "thinking_end": "</think>",
+        "data_version": config.data.version,
+        "command": command,
+        "train_config": config.describe(),
+        "training": {
+            key: value for key, value in result.describe().items() if key != "loss_log"
+        },
+    }
+    (target / ADAPTER_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (target / "loss_log.json").write_text(json.dumps(result.loss_log, indent=1) + "\n")
+    return target
+
+
+def adapter_size_bytes(adapter_dir: str | Path) -> int:
+    return sum(f.stat().st_size for f in Path(adapter_dir).iterdir() if f.is_file())
+
+
+__all__ = [
+    "ADAPTER_MANIFEST",
+    "DATA_VERSION",
+    "DEFAULT_TASK_KNOBS",
+    "DataSpec",
+    "Example",
+    "LoraSpec",
+    "TrainConfig",
+    "TrainResult",
+    "adapter_size_bytes",
+    "collate",
+    "encode_example",
+    "encode_examples",
+    "lr_at",
+    "plan_batches",
+    "save_adapter",
+    "target_loss",
+    "train_thinker",
+]
