@@ -242,8 +242,11 @@ class LLM:
                 timings.first_answer_token = pm.first_answer_token_time - seq.arrival_time
             if policy.thinking:
                 start = pm.answer_start if pm.answer_start is not None else len(seq.token_ids)
+                if pm.answer_start is None and pm.thinking_end_time is not None:
+                    start = len(seq.token_ids)  # thinking closed, no answer token yet
                 answer_ids = seq.token_ids[start:]
-                reasoning_ids = seq.token_ids[seq.prompt_len : start]
+                end = pm.reasoning_end if pm.reasoning_end is not None else start
+                reasoning_ids = seq.token_ids[seq.prompt_len : end]
                 if self.tokenizer is not None:
                     reasoning_text = self.tokenizer.decode(reasoning_ids, skip_special_tokens=True)
                     answer_text = self.tokenizer.decode(answer_ids, skip_special_tokens=True)

@@ -51,18 +51,37 @@ def generate(
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are generated."),
+    ssr: bool = typer.Option(False, "--ssr/--no-ssr", help="Self-speculation: draft the answer from the partial CoT and verify it (implies --think)."),
+    draft_budget: list[int] = typer.Option([], help="CoT length(s) at which a draft is forked (repeatable; default 100)."),
+    draft_interval: Optional[int] = typer.Option(None, help="Iterative drafting: fork every N CoT tokens."),
+    max_draft: int = typer.Option(300, help="Maximum draft length in tokens."),
+    reuse: str = typer.Option("prefix+suffix", help="How drafts are used: off | prefix | suffix | prefix+suffix."),
+    suffix_decoding: bool = typer.Option(False, "--suffix-decoding", help="Suffix decoding over prompt + output (no SSR)."),
+    prompt_lookup: bool = typer.Option(False, "--prompt-lookup", help="n-gram prompt lookup (no SSR)."),
 ) -> None:
-    """Generate a reply, streaming tokens to the terminal, then print timings."""
+    """Generate a reply, streaming tokens to the terminal, then print timings (and speculation figures)."""
     from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
     from selfspec.llm import LLM
     from selfspec.models import ModelNotFoundError
     from selfspec.policies.thinking import ThinkingLimits
 
+    from pydantic import ValidationError
+
+    spec = None
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
         limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap)
         limits.validate()
-    except (InvalidSamplingParams, ValueError) as exc:
+        if ssr:
+            from selfspec.ssr.config import SSRConfig
+
+            spec = SSRConfig(draft_budgets=list(draft_budget) or [100], draft_interval=draft_interval, max_draft_len=max_draft, reuse=reuse)
+            think = True
+        elif suffix_decoding or prompt_lookup:
+            from selfspec.policies.speculative import SpeculationConfig
+
+            spec = SpeculationConfig(method="ngram" if prompt_lookup else "suffix")
+    except (InvalidSamplingParams, ValueError, ValidationError) as exc:
         _fail(str(exc))
     try:
         llm = LLM(model, device=device, dtype=dtype)
@@ -73,7 +92,7 @@ def generate(
             start = time.perf_counter()
             printed = ""
             all_ids: list[int] = []
-            for ids in llm.stream(prompt, params, limits=limits, thinking=think):
+            for ids in llm.stream(prompt, params, spec=spec, limits=limits, thinking=think):
                 all_ids = ids if not all_ids else all_ids + ids
                 text = llm.tokenizer.decode(all_ids, skip_special_tokens=True)
                 sys.stdout.write(text[len(printed):])
@@ -83,7 +102,7 @@ def generate(
             result = llm.result(llm._last_stream_seq)
         else:
             start = time.perf_counter()
-            (result,) = llm.generate(prompt, params, limits=limits, thinking=think)
+            (result,) = llm.generate(prompt, params, spec=spec, limits=limits, thinking=think)
             console.print(result.text)
     except ValueError as exc:
         _fail(str(exc))
@@ -92,6 +111,9 @@ def generate(
     if result.metrics.get("cot_tokens"):
         summary += f", CoT {result.metrics['cot_tokens']} tokens, answer {result.metrics['answer_tokens']} tokens"
     err.print(f"[dim]{summary}[/]")
+    if spec is not None:
+        keys = ("drafts", "draft_tokens", "accepted_prefix", "suffix_accepted_tokens", "accepted_tokens", "proposed_tokens", "mean_acceptance_length")
+        err.print("[dim]" + ", ".join(f"{k}={result.metrics[k]:.2f}" if isinstance(result.metrics.get(k), float) else f"{k}={result.metrics.get(k)}" for k in keys if k in result.metrics) + "[/]")
 
 
 @app.command()
@@ -108,7 +130,30 @@ def demo(
         run_demo(model=model, prompt=prompt, console=console)
         return
     generate(prompt=prompt, model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
-             think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True)
+             think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True, ssr=False,
+             draft_budget=[], draft_interval=None, max_draft=300, reuse="prefix+suffix", suffix_decoding=False, prompt_lookup=False)
+
+
+def _register_subcommands() -> None:
+    """Sub-apps live beside the layer they drive; they are optional only while being built."""
+    from selfspec.bench.cli import bench_app
+
+    app.add_typer(bench_app, name="bench")
+    try:
+        from selfspec.server.cli import serve_command
+    except ImportError:
+        pass
+    else:
+        app.command("serve")(serve_command)
+    try:
+        from selfspec.thinker.cli import thinker_app
+    except ImportError:
+        pass
+    else:
+        app.add_typer(thinker_app, name="thinker")
+
+
+_register_subcommands()
 
 
 def main() -> None:

@@ -54,6 +54,7 @@ class PhaseMetrics:
     answer_tokens: int = 0
     thinking_closed_by: str = ""  # "model", "cap", "" (still thinking / never thought)
     answer_start: int | None = None  # index in token_ids of the first answer token
+    reasoning_end: int | None = None  # index where the end-of-thinking marker begins
     thinking_end_time: float | None = None
     first_answer_token_time: float | None = None
     extra: dict = field(default_factory=dict)
@@ -112,12 +113,14 @@ class ThinkingPolicy(SequencePolicy):
             if self.phase == "thinking":
                 self.metrics.cot_tokens += 1
                 if not self.limits.fixed_length and self.matcher.feed(token):
+                    self.metrics.reasoning_end = index + 1 - self.matcher.matched_length()
                     self._end_thinking(engine, seq, index + 1, by="model")
                     continue
                 if self.limits.cot_cap is not None and self.metrics.cot_tokens >= self.limits.cot_cap:
                     if engine is None:
                         return
                     engine.truncate(seq, index + 1)
+                    self.metrics.reasoning_end = index + 1
                     self._end_thinking(engine, seq, index + 1, by="cap")
                     engine.append_forced(seq, self.fmt.close_ids)
                     self._seen = seq.num_output_tokens  # the forced marker is not answer

@@ -217,7 +217,7 @@ class ResponseText:
         delta = TextDelta()
         if len(output_ids) < self._fed:
             raise ValueError("output ids shrank below what was already streamed")
-        if self.reasoning is not None:
+        if self.reasoning is not None and not self.reasoning.closed:
             boundary = len(output_ids) if answer_start is None else answer_start
             if boundary < self._fed:
                 raise ValueError("the answer start moved before tokens already streamed as reasoning")

@@ -113,23 +113,10 @@ class Example:
         return len(self.input_ids)
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
-
-
-def encode_example(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> Example:
-    """Tokenize one item with the engine's boundaries (see the module docstring).
-
-    The text is `format_training_text`'s: chat prompt, then `<think>\\n{cot}\\n</think>\\n\\n
-    {answer}`, then EOS. Whatever of the target the prompt builder already opened (the
-    start marker, for prompted-thinking models) belongs to the prompt; the close marker
-    is `fmt.close_ids` verbatim.
-    """
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token: the thinker must learn where to stop")
+def _split_target(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> tuple[str, bool, str, str]:
+    """(prompt text, whether it takes special tokens, CoT part, answer) of one item."""
     messages, target = format_training_text(item)
     prompt_text, raw = build_prompt_text(tokenizer, messages, fmt, enable_thinking=True)
-    prompt_ids = list(tokenizer.encode(prompt_text, add_special_tokens=raw))
     opened = f"{fmt.start_marker}\n"
     if fmt.kind == "prompted" and prompt_text.endswith(opened):
         if not target.startswith(opened):
@@ -139,9 +126,43 @@ def encode_example(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> Examp
     head, separator, answer = target.rpartition(close_text)
     if not separator:
         raise ValueError(f"training target of {item.uid} has no {close_text!r}")
-    ids = prompt_ids + _encode(tokenizer, head) + list(fmt.close_ids) + _encode(tokenizer, answer)
-    ids.append(int(tokenizer.eos_token_id))
-    return Example(tuple(ids), len(prompt_ids), item.family)
+    return prompt_text, raw, head, answer
+
+
+def _batch_encode(tokenizer: Any, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+    if not texts:
+        return []
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"]]
+
+
+def encode_items(tokenizer: Any, fmt: ThinkingFormat, items: Sequence[TaskItem]) -> list[Example]:
+    """Tokenize items with the engine's boundaries (see the module docstring).
+
+    The text is `format_training_text`'s: chat prompt, then `<think>\\n{cot}\\n</think>
+    \\n\\n{answer}`, then EOS. Whatever of the target the prompt builder already opened
+    (the start marker, for prompted-thinking models) belongs to the prompt; the close
+    marker is `fmt.close_ids` verbatim. Texts are encoded in batches (the tokenizer
+    parallelises them), which matters for thousands of 1-3k-token traces.
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token: the thinker must learn where to stop")
+    parts = [_split_target(tokenizer, fmt, item) for item in items]
+    raw_flags = {raw for _, raw, _, _ in parts}
+    if len(raw_flags) > 1:
+        raise ValueError("mixed chat-templated and raw prompts in one batch")
+    prompts = _batch_encode(tokenizer, [p[0] for p in parts], add_special_tokens=raw_flags.pop() if raw_flags else False)
+    heads = _batch_encode(tokenizer, [p[2] for p in parts])
+    answers = _batch_encode(tokenizer, [p[3] for p in parts])
+    close, eos = list(fmt.close_ids), int(tokenizer.eos_token_id)
+    return [
+        Example(tuple(prompt + head + close + answer + [eos]), len(prompt), item.family)
+        for item, prompt, head, answer in zip(items, prompts, heads, answers)
+    ]
+
+
+def encode_example(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> Example:
+    """One item's `Example` (see `encode_items`)."""
+    return encode_items(tokenizer, fmt, [item])[0]
 
 
 def encode_examples(
@@ -150,10 +171,9 @@ def encode_examples(
     """Tokenize items, dropping those longer than `max_len`; also count the drops per family."""
     kept: list[Example] = []
     dropped: dict[str, int] = {}
-    for item in items:
-        example = encode_example(tokenizer, fmt, item)
+    for example in encode_items(tokenizer, fmt, items):
         if len(example) > max_len:
-            dropped[item.family] = dropped.get(item.family, 0) + 1
+            dropped[example.family] = dropped.get(example.family, 0) + 1
             continue
         kept.append(example)
     return kept, dropped
@@ -281,6 +301,59 @@ def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float, floor_rat
 # --------------------------------------------------------------------------- training
 
 
+BUDGET_SHARE_FOR_STEPS = 0.9
+"""Share of the time left after data building that the fitted steps may use: the rest
+covers the held-out losses and saving, which the calibration does not time."""
+HARD_STOP_FACTOR = 1.15
+"""A run still going at this multiple of its time budget stops (and says so)."""
+
+
+def calibrate_throughput(model: Any, examples: Sequence[Example], pad_id: int, device: torch.device, autocast: Any) -> float:
+    """Padded tokens per second of forward + backward on one real batch (no update).
+
+    Timed on the second of two passes, so one-time costs (kernel selection, allocator
+    growth) do not count; gradients are dropped afterwards, so training is unchanged.
+    """
+    input_ids, labels = collate(examples, pad_id)
+    input_ids, labels = input_ids.to(device), labels.to(device)
+    model.train()
+    seconds = 0.0
+    for attempt in range(2):
+        _synchronize(device)
+        begun = time.perf_counter()
+        with autocast():
+            loss, _ = target_loss(model, input_ids, labels)
+        loss.backward()
+        _synchronize(device)
+        seconds = time.perf_counter() - begun
+    model.zero_grad(set_to_none=True)
+    return input_ids.numel() / max(seconds, 1e-9)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fit_steps(padded_per_step: Sequence[int], tokens_per_s: float, seconds: float) -> int:
+    """The most leading steps whose padded tokens take at most `seconds` (at least one).
+
+    Fitting the step count before training, rather than stopping when time runs out,
+    lets the learning-rate schedule end where the run ends; the count is recorded, so
+    `--max-steps` reproduces the run without a budget.
+    """
+    allowed = tokens_per_s * max(seconds, 0.0)
+    total, steps = 0, 0
+    for tokens in padded_per_step:
+        if total + tokens > allowed:
+            break
+        total += tokens
+        steps += 1
+    return max(1, steps)
+
+
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on; recorded verbatim in the adapter's manifest."""
@@ -302,7 +375,8 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "float32"  # "bfloat16": bf16 base weights + autocast, fp32 LoRA weights
     save_dtype: str = "bfloat16"  # adapter weights on disk (halves the file)
-    time_limit_s: float | None = None  # stop early (and say so) this many seconds after the run began
+    max_steps: int | None = None  # cap on optimizer steps (the cosine schedule ends there)
+    time_budget_s: float | None = None  # fit the step count to this budget (see `fit_steps`)
     log_every: int = 10
 
     def describe(self) -> dict[str, Any]:
@@ -315,7 +389,8 @@ class TrainConfig:
 @dataclass
 class TrainResult:
     steps: int
-    planned_steps: int
+    planned_steps: int  # after --max-steps / the time budget
+    epochs_plan_steps: int  # what `epochs` alone would take
     epochs_done: float
     examples: int
     dropped: dict[str, int]
@@ -329,6 +404,7 @@ class TrainResult:
     stopped_early: bool
     device_name: str
     versions: dict[str, str]
+    thinking_kind: str
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -418,8 +494,21 @@ def train_thinker(
     whole_epochs = math.ceil(config.epochs)
     schedule = [plan_batches(lengths, config.tokens_per_batch, config.seed, epoch) for epoch in range(whole_epochs)]
     steps_per_epoch = len(schedule[0])
-    planned = max(1, round(config.epochs * steps_per_epoch))
-    flat = [batch for epoch in schedule for batch in epoch][:planned]
+    flat = [batch for epoch in schedule for batch in epoch][: max(1, round(config.epochs * steps_per_epoch))]
+    padded_per_step = [len(batch) * max(lengths[i] for i in batch) for batch in flat]
+    epochs_plan = len(flat)
+    planned = epochs_plan if config.max_steps is None else min(epochs_plan, config.max_steps)
+    if config.time_budget_s is not None:
+        budget_left = config.time_budget_s - (time.perf_counter() - started)
+        widest = max(range(len(flat)), key=lambda k: max(lengths[i] for i in flat[k]))  # attention grows with length
+        tokens_per_s = calibrate_throughput(peft_model, [examples[i] for i in flat[widest]], pad_id, device, autocast)
+        fitted = fit_steps(padded_per_step[:planned], tokens_per_s, budget_left * BUDGET_SHARE_FOR_STEPS)
+        log(
+            f"calibration: {tokens_per_s:.0f} padded tokens/s; {fitted} of {planned} steps fit "
+            f"{budget_left:.0f}s left of the {config.time_budget_s:.0f}s budget (--max-steps {fitted} reproduces this run)"
+        )
+        planned = fitted
+    flat = flat[:planned]
     warmup = round(config.warmup_ratio * planned)
 
     heldout_before = mean_loss(peft_model, heldout, pad_id, config.tokens_per_batch, autocast)
@@ -437,9 +526,9 @@ def train_thinker(
     stopped_early = False
     steps_done = 0
     for step, batch in enumerate(flat):
-        if config.time_limit_s is not None and time.perf_counter() - started > config.time_limit_s:
+        if config.time_budget_s is not None and time.perf_counter() - started > HARD_STOP_FACTOR * config.time_budget_s:
             stopped_early = True
-            log(f"time limit {config.time_limit_s}s reached: stopping after {step} of {planned} steps")
+            log(f"{HARD_STOP_FACTOR} x the time budget passed: stopping after {step} of {planned} steps")
             break
         lr = lr_at(step, planned, warmup, config.lr, config.min_lr_ratio)
         for group in optimizer.param_groups:
@@ -482,6 +571,7 @@ def train_thinker(
     result = TrainResult(
         steps=steps_done,
         planned_steps=planned,
+        epochs_plan_steps=epochs_plan,
         epochs_done=steps_done / steps_per_epoch,
         examples=len(examples),
         dropped=dropped,
@@ -495,6 +585,7 @@ def train_thinker(
         stopped_early=stopped_early,
         device_name=device_name(device),
         versions=library_versions(),
+        thinking_kind=fmt.kind,
     )
     return peft_model, result
 
@@ -526,7 +617,9 @@ def save_adapter(
     save_dtype = parse_dtype(config.save_dtype)
     state = get_peft_model_state_dict(peft_model)
     state = {name: tensor.detach().to("cpu", save_dtype).contiguous() for name, tensor in state.items()}
-    save_file(state, str(target / "adapter_model.safetensors"), metadata={"format": "pt"})
+    weights = target / "adapter_model.safetensors"
+    save_file(state, str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # safetensors writes 0600; the adapter ships in a package
     peft_model.peft_config["default"].save_pretrained(str(target))
     manifest = {
         "base": config.base,
@@ -563,6 +656,7 @@ __all__ = [
     "collate",
     "encode_example",
     "encode_examples",
+    "encode_items",
     "lr_at",
     "plan_batches",
     "save_adapter",

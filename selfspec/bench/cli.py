@@ -1,0 +1,128 @@
+"""`selfspec bench`: run modes side by side on a benchmark; `selfspec bench report`: tables + plots."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from selfspec.bench.modes import ALL_MODES, PAPER_ANSWER_CAPS, BenchSettings
+
+bench_app = typer.Typer(
+    help="Latency of every mode against the plain baseline, side by side, on real benchmarks.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+console = Console(stderr=True)
+
+
+@bench_app.callback()
+def bench(
+    ctx: typer.Context,
+    benchmark: str = typer.Option("humaneval", "--benchmark", "-b", help="humaneval | classeval | longproc | longproc/<task> | gsm8k | mbpp | math500."),
+    model: str = typer.Option("smollm2", "--model", "-m", help="Model name, .gguf file or HF directory."),
+    modes: str = typer.Option("baseline,prefix,suffix,prefix+suffix", help=f"Comma-separated modes: {', '.join(ALL_MODES)}."),
+    limit: Optional[int] = typer.Option(None, help="Number of samples (default: all)."),
+    offset: int = typer.Option(0, help="Skip this many samples first."),
+    path: Optional[str] = typer.Option(None, help="Dataset file (or LongProc data dir) of the upstream format."),
+    cot_cap: int = typer.Option(2000, help="CoT cap: thinking is closed by force at this many tokens."),
+    answer_cap: Optional[int] = typer.Option(None, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."),
+    draft_budget: int = typer.Option(500, help="CoT length at which the draft is forked."),
+    draft_interval: Optional[int] = typer.Option(None, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."),
+    max_draft: int = typer.Option(500, help="Maximum draft length (tokens)."),
+    natural: bool = typer.Option(False, "--natural/--fixed", help="Natural lengths (EOS and the model's end of thinking honoured) instead of the paper's fixed lengths."),
+    suffix_depth: int = typer.Option(4, help="Suffix tree depth (caps match + proposal)."),
+    suffix_spec_tokens: int = typer.Option(16, help="Max tokens a suffix proposal may hold."),
+    suffix_factor: float = typer.Option(4.0, help="Suffix budget factor (tokens per matched token)."),
+    suffix_sources: str = typer.Option("draft", help="Suffix sources for SSR modes: draft[,prompt,output,global]."),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+)."),
+    out: str = typer.Option("runs/bench.jsonl", help="JSONL file the records are appended to."),
+    resume: bool = typer.Option(True, "--resume/--fresh", help="Skip (sample, mode) pairs already in --out."),
+    check_exact: bool = typer.Option(True, "--check-exact/--no-check-exact", help="Compare each mode's tokens with the baseline's; list mismatches."),
+    score: bool = typer.Option(False, "--score/--no-score", help="Grade answers with the benchmark's checker (subprocess)."),
+    seed: int = typer.Option(0, help="Sampling seed (greedy runs ignore it)."),
+) -> None:
+    """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from selfspec.bench.datasets import load_benchmark
+    from selfspec.bench.runner import mismatches, run_bench
+    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.llm import LLM
+    from selfspec.ssr.config import SuffixOptions
+
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    unknown = [m for m in mode_list if m not in ALL_MODES]
+    if unknown:
+        console.print(f"[red]error:[/] unknown mode(s) {unknown}; choose from {', '.join(ALL_MODES)}")
+        raise typer.Exit(2)
+    family = benchmark.split("/")[0]
+    cap = answer_cap or PAPER_ANSWER_CAPS.get(family, 1500)
+    settings = BenchSettings(
+        cot_cap=cot_cap,
+        answer_cap=cap,
+        draft_budget=draft_budget,
+        draft_interval=draft_interval,
+        max_draft_len=max_draft,
+        fixed_length=not natural,
+        suffix=SuffixOptions(max_depth=suffix_depth, max_spec_tokens=suffix_spec_tokens, spec_factor=suffix_factor),
+        suffix_sources=[s.strip() for s in suffix_sources.split(",") if s.strip()],
+        seed=seed,
+    )
+    samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset)
+    llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=num_slots))
+    meta = {
+        "device": device if device == "cpu" else _gpu_name(),
+        "dtype": dtype,
+        "command": " ".join(["selfspec", "bench"] + sys.argv[2:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "versions": _versions(),
+    }
+    console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
+    records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta)
+    if check_exact:
+        bad = mismatches(records)
+        if bad:
+            console.print(f"[red]{len(bad)} outputs differ from the baseline:[/]")
+            for sid, mode in bad:
+                console.print(f"  {sid}  {mode}")
+        else:
+            console.print("[green]every mode matched the baseline token for token[/]")
+
+
+@bench_app.command()
+def report(
+    inputs: list[str] = typer.Argument(..., help="JSONL files written by `selfspec bench`."),
+    out_dir: str = typer.Option("benchmarks/results/report", help="Where report.md and the PNG plots go."),
+) -> None:
+    """Markdown tables per model x benchmark and PNG plots from bench records."""
+    from selfspec.bench.report import build_report
+
+    path = build_report([Path(p) for p in inputs], Path(out_dir))
+    console.print(f"report written to {path}")
+    print(Path(path).read_text())
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj, indent=2)

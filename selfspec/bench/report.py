@@ -1,0 +1,401 @@
+"""`selfspec bench report`: bench JSONL records -> report.md, summary.json and PNG plots.
+
+Every figure is a ratio to the plain-greedy baseline measured in the same run, paired per
+sample, because absolute latencies from different machines (or a 2-core CPU shared with
+other jobs) say little on their own. Samples whose *baseline* answer is a repetition loop
+get a second table without them: a small model forced past EOS at fixed length repeats
+itself, and a draft of the same loop "matches" for free, which flatters every draft mode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from selfspec.bench.modes import ALL_MODES
+
+Record = dict[str, Any]
+
+BASELINE = "baseline"
+# Settings that vary along the draft-budget sweep; the rest must match to share a plot.
+BUDGET_KEYS = ("draft_budget", "draft_interval")
+
+# Reported by the SSR paper (patched vLLM, 4B models): latency reduction of full SSR.
+PAPER_LATENCY_REDUCTION_PCT: dict[str, dict[str, float]] = {
+    "ClassEval": {"Qwen3.5-4B": 18.5, "Gemma-4-E4B": 24.1},
+    "HumanEval": {"Qwen3.5-4B": 2.9, "Gemma-4-E4B": 14.6},
+    "LongProc-2K": {"Qwen3.5-4B": 9.1, "Gemma-4-E4B": 7.1},
+}
+PAPER_MODELS = ("Qwen3.5-4B", "Gemma-4-E4B")
+# The paper's ablation on Gemma-4-E4B / ClassEval, as speedups.
+PAPER_ABLATION_SPEEDUP: dict[str, float] = {"prefix": 1.086, "suffix": 1.318, "prefix+suffix": 1.318}
+_PAPER_ROW_FOR_BENCHMARK = {"classeval": "ClassEval", "humaneval": "HumanEval", "longproc": "LongProc-2K"}
+
+
+class ReportError(ValueError):
+    """The inputs cannot make a report (no files, no records, a corrupt line)."""
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_records(inputs: Iterable[Path]) -> list[Record]:
+    """All records of the inputs, deduplicated on (model, benchmark, sample, mode, settings).
+
+    The last record of a key wins, so a re-run or a resumed file replaces older numbers.
+    A bad *last* line is skipped (a bench run may be writing the file right now); a bad
+    line anywhere else is an error, since silently dropping data would bias the means.
+    """
+    latest: dict[tuple, Record] = {}
+    paths = list(inputs)
+    if not paths:
+        raise ReportError("no input files given")
+    for path in paths:
+        if not path.exists():
+            raise ReportError(f"input file not found: {path}")
+        lines = path.read_text().splitlines()
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if lineno == len(lines):
+                    continue  # a partial line still being written
+                raise ReportError(f"{path}:{lineno}: not JSON ({exc})") from None
+            if not isinstance(rec, dict) or "mode" not in rec or "sample_id" not in rec:
+                raise ReportError(f"{path}:{lineno}: not a bench record (needs 'sample_id' and 'mode')")
+            latest.pop(_record_key(rec), None)  # re-insert so order follows the latest write
+            latest[_record_key(rec)] = rec
+    if not latest:
+        raise ReportError("no bench records in " + ", ".join(str(p) for p in paths))
+    return list(latest.values())
+
+
+def _record_key(rec: Record) -> tuple:
+    return (rec.get("model"), rec.get("benchmark"), rec["sample_id"], rec["mode"], _settings_key(rec.get("settings")))
+
+
+def _settings_key(settings: dict[str, Any] | None, drop: tuple[str, ...] = ()) -> str:
+    return json.dumps({k: v for k, v in (settings or {}).items() if k not in drop}, sort_keys=True)
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _mean(values: Iterable[Any]) -> float | None:
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _rate(values: Iterable[Any]) -> float | None:
+    xs = [bool(v) for v in values if v is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def oracle_speedup(rec: Record) -> float | None:
+    """The record's oracle speedup, or (CoT + answer) / (CoT + 1) from its token counts."""
+    value = rec.get("oracle_speedup")
+    if isinstance(value, (int, float)):
+        return float(value)
+    cot, answer = rec.get("cot_tokens"), rec.get("answer_tokens")
+    if isinstance(cot, int) and isinstance(answer, int) and cot > 0:
+        return (cot + answer) / (cot + 1)
+    return None
+
+
+def _answer_time(rec: Record) -> float | None:
+    lat, think = rec.get("latency_s"), rec.get("thinking_s")
+    if isinstance(lat, (int, float)) and isinstance(think, (int, float)):
+        return lat - think
+    return None
+
+
+def _latency(rec: Record | None) -> float | None:
+    lat = (rec or {}).get("latency_s")
+    return float(lat) if isinstance(lat, (int, float)) and lat > 0 else None
+
+
+def mode_stats(records: list[Record], baseline: dict[str, Record]) -> dict[str, Any]:
+    """One table row: the mode's records against the baseline records keyed by sample id.
+
+    Speedup is the mean over samples of baseline_latency / mode_latency (paired), and the
+    latency reduction uses the same paired samples, so a mode that only ran on the easy
+    half of a benchmark cannot look faster than it is.
+    """
+    pairs = [(b, m) for rec in records if (m := _latency(rec)) and (b := _latency(baseline.get(rec["sample_id"])))]
+    speedup = _mean(b / m for b, m in pairs)
+    reduction = None
+    if pairs:
+        reduction = 100.0 * (1.0 - _mean(m for _, m in pairs) / _mean(b for b, _ in pairs))
+    oracle = _mean(oracle_speedup(r) for r in records)
+    realized = None
+    if speedup is not None and oracle is not None and oracle > 1.0:
+        realized = (speedup - 1.0) / (oracle - 1.0)
+    scored = [r.get("passed") for r in records if r.get("passed") is not None]
+    return {
+        "n": len(records),
+        "n_paired": len(pairs),
+        "mean_latency_s": _mean(r.get("latency_s") for r in records),
+        "mean_thinking_s": _mean(r.get("thinking_s") for r in records),
+        "mean_answer_s": _mean(_answer_time(r) for r in records),
+        "speedup": speedup,
+        "latency_reduction_pct": reduction,
+        "mean_accepted_prefix": _mean(r.get("accepted_prefix") for r in records),
+        "mean_suffix_accepted_tokens": _mean(r.get("suffix_accepted_tokens") for r in records),
+        "mean_acceptance_length": _mean(r.get("mean_acceptance_length") for r in records),
+        "mean_first_answer_token_s": _mean(r.get("first_answer_token_s") for r in records),
+        "mean_oracle_speedup": oracle,
+        "oracle_fraction": realized,
+        "exact_match_rate": _rate(r.get("exact_match") for r in records),
+        "pass_rate": _rate(scored),
+        "n_scored": len(scored),
+        "loops": sum(1 for r in records if r.get("loop") is True),
+    }
+
+
+def mode_order(modes: Iterable[str]) -> list[str]:
+    """Baseline first, then the CLI's order of modes, then any unknown ones alphabetically."""
+    known = {m: i for i, m in enumerate(ALL_MODES)}
+    return sorted(set(modes), key=lambda m: (m != BASELINE, known.get(m, len(known)), m))
+
+
+@dataclass
+class Group:
+    """Records of one model x benchmark x settings: the unit a table is drawn for."""
+
+    model: str
+    benchmark: str
+    settings: dict[str, Any]
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} / {self.benchmark}"
+
+    def by_mode(self, exclude: set[str] = frozenset()) -> dict[str, list[Record]]:
+        out: dict[str, list[Record]] = defaultdict(list)
+        for rec in self.records:
+            if rec["sample_id"] not in exclude:
+                out[rec["mode"]].append(rec)
+        return {m: out[m] for m in mode_order(out)}
+
+    def baseline_loop_samples(self) -> list[str]:
+        return sorted({r["sample_id"] for r in self.records if r["mode"] == BASELINE and r.get("loop") is True})
+
+    def table(self, exclude: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
+        modes = self.by_mode(exclude)
+        baseline = {r["sample_id"]: r for r in modes.get(BASELINE, [])}
+        return {mode: mode_stats(recs, baseline) for mode, recs in modes.items()}
+
+    def meta(self) -> dict[str, list[Any]]:
+        """Distinct device, dtype, date, versions and commands, in first-seen order."""
+        out: dict[str, list[Any]] = {}
+        for key in ("device", "dtype", "date", "versions", "command"):
+            seen: list[Any] = []
+            for rec in self.records:
+                value = rec.get(key)
+                if value is not None and value not in seen:
+                    seen.append(value)
+            out[key] = seen
+        return out
+
+
+def group_records(records: list[Record]) -> list[Group]:
+    groups: dict[tuple, Group] = {}
+    for rec in records:
+        model, bench = str(rec.get("model", "unknown")), str(rec.get("benchmark", "unknown"))
+        key = (model, bench, _settings_key(rec.get("settings")))
+        if key not in groups:
+            groups[key] = Group(model, bench, dict(rec.get("settings") or {}))
+        groups[key].records.append(rec)
+    return sorted(groups.values(), key=lambda g: (g.model, g.benchmark, _settings_key(g.settings)))
+
+
+def budget_families(groups: list[Group]) -> list[list[Group]]:
+    """Groups that differ only in the draft budget (and interval): one speedup-vs-budget plot each."""
+    families: dict[tuple, list[Group]] = defaultdict(list)
+    for g in groups:
+        families[(g.model, g.benchmark, _settings_key(g.settings, drop=BUDGET_KEYS))].append(g)
+    return list(families.values())
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:{spec}}{suffix}"
+
+
+def _pct(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.0f}%"
+
+
+TABLE_HEADER = (
+    "| mode | n | latency (s) | speedup (paired) | latency reduction | accepted prefix | suffix-accepted "
+    "| first answer token (s) | oracle speedup | oracle realized | exact match | pass rate | loops |"
+)
+
+
+def markdown_table(table: dict[str, dict[str, Any]]) -> str:
+    rows = [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
+    for mode, s in table.items():
+        pass_rate = f"{_pct(s['pass_rate'])} ({s['n_scored']})" if s["n_scored"] else "n/a"
+        rows.append(
+            f"| {mode} | {s['n']} | {_fmt(s['mean_latency_s'])} | {_fmt(s['speedup'], '.3f', 'x')} "
+            f"| {_fmt(s['latency_reduction_pct'], '.1f', '%')} | {_fmt(s['mean_accepted_prefix'], '.1f')} "
+            f"| {_fmt(s['mean_suffix_accepted_tokens'], '.1f')} | {_fmt(s['mean_first_answer_token_s'])} "
+            f"| {_fmt(s['mean_oracle_speedup'], '.3f', 'x')} | {_pct(s['oracle_fraction'])} "
+            f"| {_pct(s['exact_match_rate'])} | {pass_rate} | {s['loops']} |"
+        )
+    return "\n".join(rows)
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    parts = []
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+            parts.append(f"{key}({value})")
+        elif isinstance(value, list):
+            parts.append(f"{key}={'+'.join(map(str, value))}")
+        else:
+            parts.append(f"{key}={value}")
+    return "; ".join(parts) if parts else "n/a"
+
+
+def paper_table() -> str:
+    lines = [
+        "## Reported by the SSR paper (patched vLLM, 4B models) — theirs, not ours",
+        "",
+        "Latency reduction of full SSR against plain decoding (in brackets: the same as a speedup, 1 / (1 − r)).",
+        "",
+        "| benchmark | " + " | ".join(PAPER_MODELS) + " |",
+        "|---|" + "---|" * len(PAPER_MODELS),
+    ]
+    for bench, by_model in PAPER_LATENCY_REDUCTION_PCT.items():
+        cells = [f"{by_model[m]:.1f}% ({1 / (1 - by_model[m] / 100):.3f}x)" for m in PAPER_MODELS]
+        lines.append(f"| {bench} | " + " | ".join(cells) + " |")
+    lines += ["", "Ablation (Gemma-4-E4B, ClassEval), speedup: "
+              + ", ".join(f"{mode} {x:.3f}x" for mode, x in PAPER_ABLATION_SPEEDUP.items()) + "."]
+    return "\n".join(lines)
+
+
+def _paper_beside(benchmark: str) -> str | None:
+    row = _PAPER_ROW_FOR_BENCHMARK.get(benchmark.split("/")[0].lower())
+    if row is None:
+        return None
+    theirs = ", ".join(f"{m} {PAPER_LATENCY_REDUCTION_PCT[row][m]:.1f}%" for m in PAPER_MODELS)
+    return f"Theirs, for comparison (SSR paper, {row}, latency reduction of full SSR on patched vLLM): {theirs}."
+
+
+def _meta_lines(meta: dict[str, list[Any]]) -> list[str]:
+    lines = []
+    for key in ("device", "dtype", "date"):
+        lines.append(f"- {key}: {', '.join(map(str, meta[key])) or 'n/a'}")
+    versions = ["; ".join(f"{k} {v}" for k, v in v.items()) if isinstance(v, dict) else str(v) for v in meta["versions"]]
+    lines.append(f"- versions: {' | '.join(versions) or 'n/a'}")
+    for cmd in meta["command"] or ["n/a"]:
+        lines.append(f"- command: `{cmd}`")
+    return lines
+
+
+def _exclusion_sentence(group: Group, excluded: list[str]) -> str:
+    samples = {r["sample_id"] for r in group.records}
+    if not any(r["mode"] == BASELINE for r in group.records):
+        return "No baseline records, so loops cannot be judged per sample; nothing excluded."
+    return (
+        f"{len(excluded)} of {len(samples)} samples excluded because their baseline answer is a loop "
+        "(distinct-4-gram ratio below 0.5): small models forced past EOS at a fixed answer length fall "
+        "into repetition, and a draft that repeats the same loop \"matches\" almost for free, which "
+        "flatters every draft mode." + (f" Excluded: {', '.join(excluded)}." if excluded else "")
+    )
+
+
+# ---------------------------------------------------------------- build
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")[:60] or "x"
+
+
+def build_report(inputs: list[Path], out_dir: Path) -> Path:
+    """Write out_dir/report.md, out_dir/summary.json and the PNG plots; return report.md's path."""
+    from selfspec.bench import plots
+
+    records = load_records([Path(p) for p in inputs])
+    groups = group_records(records)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    md = ["# selfspec bench report", "",
+          f"Inputs: {', '.join(f'`{p}`' for p in inputs)} — {len(records)} records after deduplication.", "",
+          "Speedup is the mean over samples of baseline latency / mode latency, paired per sample; latency "
+          "reduction is 1 − mean mode latency / mean baseline latency over the same paired samples. "
+          "Oracle speedup = (CoT + answer tokens) / (CoT tokens + 1), the ceiling if every answer token "
+          "came free; *oracle realized* = (speedup − 1) / (oracle − 1).", ""]
+    summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
+
+    for index, group in enumerate(groups):
+        stem = f"{index:02d}_{_slug(group.model)}_{_slug(group.benchmark)}"
+        table = group.table()
+        excluded = group.baseline_loop_samples()
+        table_clean = group.table(exclude=set(excluded)) if excluded else table
+        latency_png = plots.plot_latency_split(group.label, table, out_dir / f"latency_{stem}.png")
+        meta = group.meta()
+        md += [f"## {group.label}", "", f"Settings: {_settings_line(group.settings)}", "",
+               markdown_table(table), ""]
+        md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
+        if excluded:
+            md += [markdown_table(table_clean), ""]
+        beside = _paper_beside(group.benchmark)
+        if beside:
+            md += [beside, ""]
+        md += [f"![latency split, {group.label}]({latency_png.name})", "", "Run metadata:", "", *_meta_lines(meta), ""]
+        summary["groups"].append({
+            "model": group.model, "benchmark": group.benchmark, "settings": group.settings,
+            "n_samples": len({r["sample_id"] for r in group.records}),
+            "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
+            "meta": meta, "plots": {"latency": latency_png.name},
+        })
+
+    md += ["## Speedup against draft budget", ""]
+    summary["budget_plots"] = []
+    for index, family in enumerate(budget_families(groups)):
+        head = family[0]
+        png = plots.plot_speedup_vs_budget(head.label, _budget_series(family), _budget_series(family, no_loops=True),
+                                           out_dir / f"budget_{index:02d}_{_slug(head.model)}_{_slug(head.benchmark)}.png")
+        budgets = sorted({g.settings.get("draft_budget") for g in family}, key=lambda b: (b is None, b or 0))
+        md += [f"![speedup vs draft budget, {head.label}]({png.name})", "",
+               f"{head.label}: draft budgets {', '.join(map(str, budgets))}"
+               + (" (a single budget: one point per mode)." if len(budgets) == 1 else "."), ""]
+        summary["budget_plots"].append({"model": head.model, "benchmark": head.benchmark, "plot": png.name,
+                                        "draft_budgets": budgets})
+
+    md += [paper_table(), ""]
+    summary["paper"] = {"latency_reduction_pct": PAPER_LATENCY_REDUCTION_PCT, "ablation_gemma_classeval_speedup": PAPER_ABLATION_SPEEDUP}
+    report_path = out_dir / "report.md"
+    report_path.write_text("\n".join(md))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return report_path
+
+
+def _budget_series(family: list[Group], no_loops: bool = False) -> dict[str, list[tuple[float, float]]]:
+    """mode -> [(draft budget, paired speedup)], sorted by budget; the baseline is left out (always 1)."""
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for group in family:
+        budget = group.settings.get("draft_budget")
+        if not isinstance(budget, (int, float)):
+            continue
+        table = group.table(exclude=set(group.baseline_loop_samples())) if no_loops else group.table()
+        for mode, stats in table.items():
+            if mode != BASELINE and stats["speedup"] is not None:
+                series[mode].append((float(budget), stats["speedup"]))
+    return {mode: sorted(series[mode]) for mode in mode_order(series)}

@@ -1,0 +1,226 @@
+"""Run benchmark samples through every mode, interleaved, one JSONL record per (sample, mode).
+
+Interleaving modes per sample (in an order rotated from sample to sample) spreads machine
+noise over all modes instead of biasing whichever ran last. Records are appended as they
+finish, so a run killed by a time limit resumes where it stopped (`--resume`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from selfspec.bench.datasets import BenchSample
+from selfspec.bench.modes import EXTERNAL_MODES, BenchSettings, spec_for
+from selfspec.engine.sampling import SamplingParams
+from selfspec.llm import LLM
+from selfspec.policies.thinking import ThinkingLimits
+
+
+def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
+    """Distinct n-grams / n-grams: ~1 for prose or code, low for outputs stuck in a loop."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+LOOP_THRESHOLD = 0.5  # below this distinct-4-gram ratio an answer is flagged as a loop
+
+
+def token_hash(tokens: list[int]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def _limits(s: BenchSettings) -> ThinkingLimits:
+    return ThinkingLimits(cot_cap=s.cot_cap, answer_cap=s.answer_cap, fixed_length=s.fixed_length)
+
+
+def _params(s: BenchSettings) -> SamplingParams:
+    budget = s.cot_cap + s.answer_cap + 64
+    return SamplingParams(max_tokens=budget, temperature=s.temperature, seed=s.seed, ignore_eos=s.fixed_length)
+
+
+def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) -> dict[str, Any]:
+    _sync(llm)
+    start = time.perf_counter()
+    (r,) = llm.generate(
+        [sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True
+    )
+    _sync(llm)
+    latency = time.perf_counter() - start
+    m = r.metrics
+    answer = r.answer_token_ids or []
+    cot = m.get("cot_tokens", 0)
+    record = {
+        "latency_s": latency,
+        "ttft_s": r.timings.ttft,
+        "thinking_s": r.timings.thinking,
+        "first_answer_token_s": r.timings.first_answer_token,
+        "answer_s": r.timings.answer,
+        "output_tokens": len(r.token_ids),
+        "cot_tokens": cot,
+        "answer_tokens": len(answer),
+        "finish_reason": r.finish_reason,
+        "thinking_closed_by": m.get("thinking_closed_by"),
+        "forwards": m.get("forwards"),
+        "proposed_tokens": m.get("proposed_tokens"),
+        "accepted_tokens": m.get("accepted_tokens"),
+        "accepted_prefix": m.get("accepted_prefix", 0),
+        "suffix_accepted_tokens": m.get("suffix_accepted_tokens", 0),
+        "drafts": m.get("drafts", 0),
+        "draft_tokens": m.get("draft_tokens", 0),
+        "draft_forwards": m.get("draft_forwards", 0),
+        "mean_acceptance_length": m.get("mean_acceptance_length"),
+        "oracle_speedup": (cot + len(answer)) / (cot + 1) if cot else None,
+        "output_hash": token_hash(r.token_ids),
+        "answer_distinct4": distinct_ngram_ratio(answer),
+        "answer_text": r.answer_text,
+    }
+    record["loop"] = record["answer_distinct4"] < LOOP_THRESHOLD
+    return record
+
+
+def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) -> dict[str, Any]:
+    """transformers `generate` with the same fixed-length shape: CoT to the cap, close, answer."""
+    model, fmt = llm.model, llm.thinking_format
+    prompt = llm.encode_prompt(sample.messages, thinking=True)
+    extra = {"prompt_lookup_num_tokens": 10} if mode == "hf-prompt-lookup" else {}
+    if not s.fixed_length:
+        raise ValueError("external modes support the fixed-length setting only")
+    _sync(llm)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        ids = torch.tensor([prompt], device=llm.engine.device)
+        cot = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.cot_cap, min_new_tokens=s.cot_cap,
+            do_sample=False, eos_token_id=None, pad_token_id=0, **extra,
+        )
+        closed = torch.cat([cot, torch.tensor([list(fmt.close_ids)], device=cot.device)], dim=1)
+        full = model.generate(
+            closed, attention_mask=torch.ones_like(closed), max_new_tokens=s.answer_cap, min_new_tokens=s.answer_cap,
+            do_sample=False, eos_token_id=None, pad_token_id=0, **extra,
+        )
+    _sync(llm)
+    latency = time.perf_counter() - start
+    out = full[0, len(prompt) :].tolist()
+    answer = full[0, closed.shape[1] :].tolist()
+    return {
+        "latency_s": latency,
+        "output_tokens": len(out),
+        "cot_tokens": s.cot_cap,
+        "answer_tokens": len(answer),
+        "output_hash": token_hash(out),
+        "answer_distinct4": distinct_ngram_ratio(answer),
+        "loop": distinct_ngram_ratio(answer) < LOOP_THRESHOLD,
+    }
+
+
+def _sync(llm: LLM) -> None:
+    if llm.engine.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def completed_pairs(path: Path) -> set[tuple[str, str]]:
+    if not path.exists():
+        return set()
+    done = set()
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            done.add((rec["sample_id"], rec["mode"]))
+    return done
+
+
+def run_bench(
+    llm: LLM,
+    samples: list[BenchSample],
+    modes: list[str],
+    settings: BenchSettings,
+    out_path: Path,
+    *,
+    resume: bool = True,
+    score: bool = False,
+    meta: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run every (sample, mode) not yet recorded; append records; return the new ones."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = completed_pairs(out_path) if resume else set()
+    if not resume and out_path.exists():
+        out_path.unlink()
+    if "baseline" in modes:
+        modes = ["baseline"] + [m for m in modes if m != "baseline"]
+    _warm_up(llm, samples[0] if samples else None, settings)
+    todo = [(s, m) for s in samples for m in modes if (s.id, m) not in done]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="bench", unit="run")
+    baseline_hash = _baseline_hashes(out_path)
+    new: list[dict[str, Any]] = []
+    for i, sample in enumerate(samples):
+        pending = [m for m in modes if (sample.id, m) not in done]
+        # Baseline first (its hash is the exactness reference), the rest rotated per sample.
+        rest = [m for m in pending if m != "baseline"]
+        if rest:
+            k = i % len(rest)
+            rest = rest[k:] + rest[:k]
+        order = (["baseline"] if "baseline" in pending else []) + rest
+        for mode in order:
+            runner = run_external_mode if mode in EXTERNAL_MODES else run_engine_mode
+            rec = runner(llm, sample, mode, settings)
+            rec.update(
+                sample_id=sample.id,
+                benchmark=sample.benchmark,
+                mode=mode,
+                model=getattr(llm, "model_name", "custom"),
+                settings=settings.to_dict(),
+                **(meta or {}),
+            )
+            if mode == "baseline":
+                baseline_hash[sample.id] = rec["output_hash"]
+            ref = baseline_hash.get(sample.id)
+            rec["exact_match"] = None if ref is None else rec["output_hash"] == ref
+            if score and rec.get("answer_text") is not None:
+                from selfspec.bench.scoring import score as score_fn
+
+                result = score_fn(sample, rec["answer_text"])
+                rec.update(passed=result.passed, score=result.score, score_detail=result.detail[:200])
+            with out_path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            new.append(rec)
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return new
+
+
+def _baseline_hashes(path: Path) -> dict[str, str]:
+    hashes: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                if rec["mode"] == "baseline":
+                    hashes[rec["sample_id"]] = rec["output_hash"]
+    return hashes
+
+
+def _warm_up(llm: LLM, sample: BenchSample | None, s: BenchSettings) -> None:
+    """One short request through the engine so first-call costs stay out of the numbers."""
+    if sample is None:
+        return
+    short = BenchSettings(cot_cap=8, answer_cap=8, draft_budget=4, max_draft_len=4, fixed_length=True)
+    for mode in ("baseline", "prefix+suffix"):
+        run_engine_mode(llm, sample, mode, short)
+
+
+def mismatches(records: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(sample, mode) pairs whose output differs from the baseline's."""
+    return [(r["sample_id"], r["mode"]) for r in records if r.get("exact_match") is False]

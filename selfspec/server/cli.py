@@ -1,0 +1,171 @@
+"""`selfspec serve`: load a model and serve it over the OpenAI API with uvicorn.
+
+`serve_command` is a typer command function; the main CLI registers it with
+`app.command("serve")(serve_command)`, and `python -m selfspec.server` runs it alone.
+Flags set the server's limits and the defaults every request inherits (SSR on/off,
+draft budgets, CoT and answer caps); a request overrides them in its `selfspec` object.
+`--model tiny` serves a random-weight test model (no download, for load tests and demos
+of the HTTP layer only: its text is noise).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import typer
+
+from selfspec.server.config import RequestDefaults, ServerConfig
+
+TINY_MODEL = "tiny"
+_REUSE_MODES = ("off", "prefix", "suffix", "prefix+suffix")
+_SPECULATION_METHODS = ("suffix", "ngram")
+
+
+def load_llm(model: str, *, device: str = "cpu", dtype: str = "float32", num_slots: int = 8, max_len: int | None = None):
+    """The LLM to serve: a packaged name, GGUF file, local dir or hub id; or `tiny`."""
+    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.llm import LLM
+
+    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len)
+    if model == TINY_MODEL:
+        from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        net = tiny_model("qwen3", len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+        return LLM.from_model(net, tokenizer, engine_config=EngineConfig(num_slots=num_slots, max_len=max_len or 512), name=TINY_MODEL)
+    return LLM(model, device=device, dtype=dtype, engine_config=engine_config)
+
+
+def build_defaults(
+    *,
+    ssr: bool = False,
+    draft_budget: list[int] | None = None,
+    draft_interval: int | None = None,
+    max_draft_len: int | None = None,
+    reuse: str = "prefix+suffix",
+    speculation: str | None = None,
+    cot_cap: int | None = None,
+    answer_cap: int | None = None,
+    fixed_length: bool = False,
+    think: bool | None = None,
+    temperature: float = 0.0,
+    max_tokens: int | None = None,
+) -> RequestDefaults:
+    """Request defaults from CLI values; raises ValueError naming the flag at fault."""
+    from pydantic import ValidationError
+
+    from selfspec.policies.speculative import SpeculationConfig
+    from selfspec.policies.thinking import ThinkingLimits
+    from selfspec.ssr.config import SSRConfig
+
+    if reuse not in _REUSE_MODES:
+        raise ValueError(f"--reuse must be one of {_REUSE_MODES}, got {reuse!r}")
+    if speculation is not None and speculation not in _SPECULATION_METHODS:
+        raise ValueError(f"--speculation must be one of {_SPECULATION_METHODS}, got {speculation!r}")
+    if ssr and speculation is not None:
+        raise ValueError("--ssr and --speculation are alternatives; choose one")
+    ssr_fields_given = bool(draft_budget) or draft_interval is not None or max_draft_len is not None or reuse != "prefix+suffix"
+    if ssr_fields_given and not ssr:
+        raise ValueError("--draft-budget/--draft-interval/--max-draft-len/--reuse set SSR defaults; add --ssr to turn it on")
+    ssr_config = None
+    if ssr:
+        fields: dict[str, Any] = {"reuse": reuse}
+        if draft_budget:
+            fields["draft_budgets"] = list(draft_budget)
+        if draft_interval is not None:
+            fields["draft_interval"] = draft_interval
+        if max_draft_len is not None:
+            fields["max_draft_len"] = max_draft_len
+        try:
+            ssr_config = SSRConfig(**fields)
+        except ValidationError as exc:
+            raise ValueError(f"invalid SSR flags: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+    ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap, fixed_length=fixed_length).validate()
+    if temperature < 0:
+        raise ValueError("--temperature must be >= 0")
+    return RequestDefaults(
+        ssr=ssr_config,
+        speculation=SpeculationConfig(method=speculation) if speculation else None,
+        thinking=think,
+        cot_cap=cot_cap,
+        answer_cap=answer_cap,
+        fixed_length=fixed_length,
+        temperature=temperature,
+        max_tokens=max_tokens,
+    )
+
+
+def serve_command(
+    model: str = typer.Option("smollm2", "--model", "-m", help="Packaged name (smollm2, gemma3-270m), a .gguf file, a local HF directory, or 'tiny' (random test model)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind. Keep 127.0.0.1 unless the server must be reachable from other machines."),
+    port: int = typer.Option(8000, help="TCP port to listen on."),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    num_slots: int = typer.Option(8, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."),
+    max_len: Optional[int] = typer.Option(None, help="Context length per slot in tokens (default: the model's, at most 4096)."),
+    max_queue: int = typer.Option(64, help="Requests that may wait for a slot; beyond that, 429 with Retry-After."),
+    request_timeout: float = typer.Option(600.0, help="Seconds after which a request is cancelled (a request may ask for less)."),
+    api_key: Optional[str] = typer.Option(None, envvar="SELFSPEC_API_KEY", help="Require 'Authorization: Bearer <key>' on /v1 endpoints (also read from SELFSPEC_API_KEY)."),
+    served_model_name: Optional[list[str]] = typer.Option(None, help="Name(s) clients pass as 'model' (default: the --model value). Repeat for aliases."),
+    ssr: bool = typer.Option(False, "--ssr/--no-ssr", help="Run SSR (self-speculation) on every request unless it says otherwise."),
+    draft_budget: Optional[list[int]] = typer.Option(None, help="SSR default: CoT length at which a draft is forked (repeat for several drafts)."),
+    draft_interval: Optional[int] = typer.Option(None, help="SSR default: fork a draft every N CoT tokens (iterative drafting)."),
+    max_draft_len: Optional[int] = typer.Option(None, help="SSR default: a draft stops after this many answer tokens."),
+    reuse: str = typer.Option("prefix+suffix", help="SSR default: how drafts are used: off | prefix | suffix | prefix+suffix."),
+    speculation: Optional[str] = typer.Option(None, help="Default speculation without SSR: suffix (suffix decoding) or ngram (prompt lookup)."),
+    cot_cap: Optional[int] = typer.Option(None, help="Default: close thinking by force after this many CoT tokens."),
+    answer_cap: Optional[int] = typer.Option(None, help="Default: stop the answer after this many tokens (continuation cap)."),
+    fixed_length: bool = typer.Option(False, "--fixed-length/--no-fixed-length", help="Default: ignore the model's end-of-thinking and EOS (paper rows; needs --cot-cap and --answer-cap)."),
+    think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Default for thinking (unset: the model's own default)."),
+    temperature: float = typer.Option(0.0, help="Default sampling temperature when a request gives none (0 = greedy)."),
+    default_max_tokens: Optional[int] = typer.Option(None, help="max_tokens for requests that give none (default: the room left in the context)."),
+    log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug."),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (chat, completions, streaming, /metrics)."""
+    import uvicorn
+
+    from selfspec.server.app import create_app
+
+    try:
+        defaults = build_defaults(
+            ssr=ssr,
+            draft_budget=draft_budget,
+            draft_interval=draft_interval,
+            max_draft_len=max_draft_len,
+            reuse=reuse,
+            speculation=speculation,
+            cot_cap=cot_cap,
+            answer_cap=answer_cap,
+            fixed_length=fixed_length,
+            think=think,
+            temperature=temperature,
+            max_tokens=default_max_tokens,
+        )
+        config = ServerConfig(
+            served_model_names=list(served_model_name or [model]),
+            max_queue=max_queue,
+            request_timeout_s=request_timeout,
+            api_key=api_key,
+            defaults=defaults,
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    try:
+        llm = load_llm(model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        typer.echo(f"error: could not load {model!r}: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(llm, config)
+    typer.echo(
+        f"serving {config.served_model_names} ({llm.engine.max_len}-token context, {num_slots} slots) "
+        f"on http://{host}:{port}/v1" + (" (API key required)" if api_key else "")
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
+
+
+def main() -> None:
+    """Entry point of `python -m selfspec.server`."""
+    typer.run(serve_command)

@@ -1,0 +1,333 @@
+"""The one thread that drives the engine, shared by every HTTP request.
+
+The engine is not thread-safe and batches best when every request joins the same steps
+(continuous batching), so exactly one thread owns the `LLM`: it admits jobs, runs
+`Engine.step()`, and publishes each request's progress. HTTP handlers never touch the
+engine: they hand a job over through `submit` (thread-safe, bounded: a full queue raises
+`QueueFullError`, which the app turns into 429) and read updates from their own
+`asyncio.Queue`, filled from this thread with `loop.call_soon_threadsafe`. Cancellation
+(client gone, timeout) goes the same way, through `abort`. When no request is live the
+thread sleeps on a condition variable; it never spins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.sequence import Sequence
+from selfspec.policies.thinking import ThinkingLimits, ThinkingPolicy
+
+log = logging.getLogger("selfspec.server")
+
+
+class QueueFullError(RuntimeError):
+    """The server holds as many requests as it may; the client should retry later."""
+
+
+class EngineLoopStopped(RuntimeError):
+    """The engine loop is not running (shutting down, or it was never started)."""
+
+
+# ---------------------------------------------------------------------- messages to handlers
+@dataclass
+class Accepted:
+    """The engine took the request (first message of every successful request)."""
+
+    prompt_tokens: int
+    thinking: bool
+
+
+@dataclass
+class Progress:
+    """Tokens committed since the last message; `answer_start` indexes the output."""
+
+    new_token_ids: list[int]
+    answer_start: int | None
+
+
+@dataclass
+class Finished:
+    """The request is done; carries the authoritative output and the library's metrics."""
+
+    output_ids: list[int]
+    answer_start: int | None
+    finish_reason: str
+    finish_detail: str
+    metrics: dict[str, Any]
+    ttft_s: float | None
+    first_answer_token_s: float | None
+    total_s: float
+
+
+@dataclass
+class Failed:
+    """The request could not run. `client_error`: the request was at fault (HTTP 400)."""
+
+    message: str
+    client_error: bool
+
+
+Update = Accepted | Progress | Finished | Failed
+
+
+class UpdateSink:
+    """Delivers updates from the engine thread into an asyncio queue of the handler's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: "asyncio.Queue[Update]") -> None:
+        self._loop = loop
+        self._queue = queue
+
+    def put(self, update: Update) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+@dataclass
+class EngineJob:
+    """One request, ready for the engine: token ids and the per-request options."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: UpdateSink
+    spec: Any = None
+    limits: ThinkingLimits | None = None
+    thinking: bool | None = None
+
+
+@dataclass
+class LoopStats:
+    """A snapshot the engine thread publishes after every iteration (for /metrics, 429s)."""
+
+    waiting: int = 0  # requests waiting for a slot (engine queue + not yet admitted)
+    running: int = 0  # sequences holding a slot (SSR drafts included)
+    slots_in_use: int = 0
+    slots_total: int = 0
+    in_flight: int = 0  # requests accepted and not finished
+    steps: int = 0
+
+
+@dataclass
+class _Live:
+    seq: Sequence
+    sink: UpdateSink
+    thinking: bool
+    published: int = 0  # length of seq.token_ids already sent
+
+
+@dataclass
+class LoopHooks:
+    """Callbacks into the app's metrics; called from the engine thread."""
+
+    on_stats: Callable[[LoopStats], None] = lambda stats: None
+    on_aborted: Callable[[str], None] = lambda reason: None
+
+
+class EngineLoop:
+    """Owns the LLM; runs its engine in one background thread."""
+
+    def __init__(self, llm: Any, *, max_queue: int, hooks: LoopHooks | None = None) -> None:
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.llm = llm
+        self.engine = llm.engine
+        self.capacity = self.engine.config.num_slots + max_queue
+        self.hooks = hooks or LoopHooks()
+        self._cond = threading.Condition()
+        self._inbox: deque[EngineJob] = deque()
+        self._aborts: deque[tuple[str, str]] = deque()
+        self._in_flight = 0  # guarded by _cond
+        self._live: dict[str, _Live] = {}  # engine thread only
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.stats = LoopStats(slots_total=self.engine.config.num_slots)
+        self.error: BaseException | None = None  # set if the thread died
+
+    # ------------------------------------------------------------------ any thread
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="selfspec-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def submit(self, job: EngineJob) -> None:
+        """Queue a job; raises QueueFullError when `num_slots + max_queue` requests are held."""
+        with self._cond:
+            if not self.alive:
+                raise EngineLoopStopped("the engine loop is not running")
+            if self._in_flight >= self.capacity:
+                raise QueueFullError(f"the server is at capacity ({self.capacity} requests); retry later")
+            self._in_flight += 1
+            self._inbox.append(job)
+            self._cond.notify()
+
+    def abort(self, request_id: str, reason: str = "client disconnected") -> None:
+        """Cancel a request (its slots are freed at the engine thread's next iteration)."""
+        with self._cond:
+            self._aborts.append((request_id, reason))
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._inbox or self._aborts or self.engine.has_unfinished()):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    jobs = list(self._inbox)
+                    self._inbox.clear()
+                    aborts = dict(self._aborts)
+                    self._aborts.clear()
+                for job in jobs:
+                    if job.request_id in aborts:  # cancelled before it reached the engine
+                        self._release()
+                        self.hooks.on_aborted(aborts.pop(job.request_id))
+                    else:
+                        self._admit(job)
+                self._apply_aborts(aborts)
+                if self.engine.has_unfinished():
+                    self._step()
+                self._publish()
+        except BaseException as exc:  # noqa: BLE001 - report, fail every request, never hang them
+            log.exception("the engine loop died")
+            self.error = exc
+            self._fail_all("the engine loop stopped unexpectedly")
+            raise
+        finally:
+            self._fail_all("the server is shutting down")
+
+    def _admit(self, job: EngineJob) -> None:
+        try:
+            seq = self.llm.submit(
+                job.prompt_ids,
+                job.params,
+                spec=job.spec,
+                limits=job.limits,
+                thinking=job.thinking,
+                request_id=job.request_id,
+            )
+        except ValueError as exc:  # PromptTooLongError, InvalidSamplingParams, bad limits
+            self._release()
+            job.sink.put(Failed(str(exc), client_error=True))
+            return
+        except Exception as exc:  # noqa: BLE001 - a server-side failure for this request only
+            log.exception("could not submit request %s", job.request_id)
+            self._release()
+            job.sink.put(Failed(f"internal error while submitting the request: {type(exc).__name__}", client_error=False))
+            return
+        policy = seq.policy
+        thinking = isinstance(policy, ThinkingPolicy) and policy.thinking
+        self._live[job.request_id] = _Live(seq=seq, sink=job.sink, thinking=thinking, published=seq.prompt_len)
+        job.sink.put(Accepted(prompt_tokens=seq.prompt_len, thinking=thinking))
+
+    def _apply_aborts(self, aborts: dict[str, str]) -> None:
+        for request_id, reason in aborts.items():
+            live = self._live.pop(request_id, None)
+            if live is None:  # already finished (its result raced the abort)
+                continue
+            self.engine.abort_request(request_id)
+            self._release()
+            self.hooks.on_aborted(reason)
+
+    def _step(self) -> None:
+        try:
+            self.engine.step()
+        except Exception:  # noqa: BLE001 - a failed forward must not hang every client
+            log.exception("engine step failed; failing the running requests")
+            for request_id in list(self._live):
+                self.engine.abort_request(request_id)
+            self._fail_all("internal error while generating")
+
+    def _publish(self) -> None:
+        """Send each live request its new tokens; finish the finished ones.
+
+        Stats are refreshed before results go out, so a client that reads /metrics right
+        after its response sees its slot freed.
+        """
+        done: list[tuple[_Live, Finished]] = []
+        for request_id, live in list(self._live.items()):
+            seq = live.seq
+            length = len(seq.token_ids)
+            if length > live.published:
+                live.sink.put(Progress(seq.token_ids[live.published : length], self._answer_start(live)))
+                live.published = length
+            if seq.is_finished:
+                del self._live[request_id]
+                self._release()
+                done.append((live, self._finished(live)))
+        self._refresh_stats()
+        for live, finished in done:
+            live.sink.put(finished)
+
+    def _answer_start(self, live: _Live) -> int | None:
+        if not live.thinking:
+            return None
+        start = live.seq.policy.metrics.answer_start
+        return None if start is None else start - live.seq.prompt_len
+
+    def _finished(self, live: _Live) -> Finished:
+        result = self.llm.result(live.seq)
+        timings = result.timings
+        return Finished(
+            output_ids=list(result.token_ids),
+            answer_start=self._answer_start(live),
+            finish_reason=result.finish_reason,
+            finish_detail=result.finish_detail,
+            metrics=dict(result.metrics),
+            ttft_s=timings.ttft,
+            first_answer_token_s=timings.first_answer_token,
+            total_s=timings.total,
+        )
+
+    def _release(self) -> None:
+        with self._cond:
+            self._in_flight -= 1
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, live in list(self._live.items()):
+            del self._live[request_id]
+            self._release()
+            live.sink.put(Failed(message, client_error=False))
+        with self._cond:
+            jobs = list(self._inbox)
+            self._inbox.clear()
+            self._in_flight -= len(jobs)
+        for job in jobs:
+            job.sink.put(Failed(message, client_error=False))
+
+    def _refresh_stats(self) -> None:
+        engine = self.engine
+        with self._cond:
+            queued = len(self._inbox)
+            in_flight = self._in_flight
+        self.stats = LoopStats(
+            waiting=engine.num_waiting + queued,
+            running=engine.num_running,
+            slots_in_use=engine.scheduler.slots.num_used,
+            slots_total=engine.config.num_slots,
+            in_flight=in_flight,
+            steps=engine.steps,
+        )
+        self.hooks.on_stats(self.stats)
+

@@ -1,0 +1,220 @@
+"""From a validated body to what the engine runs: prompt ids, sampling, speculation, limits.
+
+Everything a client can get wrong is checked here, before the request reaches the
+engine thread, and raised as a 400 that names the field: the prompt (empty, unknown
+roles, longer than the context), `max_tokens` beyond the room the context leaves, token
+ids outside the vocabulary, SSR options that do not validate once merged over the
+server's defaults. Runs in a worker thread (tokenizing and chat templates take time);
+it reads the tokenizer and the engine's sizes, never the engine's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
+from selfspec.policies.speculative import SpeculationConfig
+from selfspec.policies.thinking import ThinkingLimits
+from selfspec.server.config import RequestDefaults
+from selfspec.server.errors import APIError, from_validation_error
+from selfspec.server.schemas import ChatCompletionRequest, CompletionRequest, SelfspecOptions
+from selfspec.ssr.config import SSRConfig
+
+log = logging.getLogger("selfspec.server")
+
+Spec = SSRConfig | SpeculationConfig | None
+
+
+@dataclass
+class RequestPlan:
+    prompt_ids: list[int]
+    params: SamplingParams
+    spec: Spec
+    limits: ThinkingLimits | None
+    thinking: bool | None
+    mode: str  # "plain" | "ssr" | "suffix" | "ngram"
+    timeout_s: float
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _merge_config(cls: type[BaseModel], default: BaseModel | None, requested: BaseModel, name: str) -> BaseModel:
+    """The request's fields over the server's defaults (only the fields it set)."""
+    if default is None:
+        return requested
+    data = _deep_merge(default.model_dump(), requested.model_dump(exclude_unset=True))
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, prefix=f"selfspec.{name}") from None
+
+
+def resolve_spec(options: SelfspecOptions, defaults: RequestDefaults) -> tuple[Spec, str]:
+    """Which speculation the request runs: its own choice, else the server's default."""
+    chosen: dict[str, BaseModel | None] = {}
+    for name, cls, default in (("ssr", SSRConfig, defaults.ssr), ("speculation", SpeculationConfig, defaults.speculation)):
+        value = getattr(options, name)
+        if value is None:
+            continue
+        if value is False:
+            chosen[name] = None
+        elif value is True:
+            chosen[name] = default if default is not None else cls()
+        else:
+            chosen[name] = _merge_config(cls, default, value, name)
+    if "ssr" in chosen or "speculation" in chosen:
+        spec = chosen.get("ssr") or chosen.get("speculation")
+    else:
+        spec = defaults.ssr or defaults.speculation
+    if spec is None:
+        return None, "plain"
+    return spec, ("ssr" if isinstance(spec, SSRConfig) else spec.method)
+
+
+def resolve_limits(options: SelfspecOptions, defaults: RequestDefaults) -> ThinkingLimits | None:
+    cot_cap = options.cot_cap if options.cot_cap is not None else defaults.cot_cap
+    answer_cap = options.answer_cap if options.answer_cap is not None else defaults.answer_cap
+    fixed = options.fixed_length if options.fixed_length is not None else defaults.fixed_length
+    if cot_cap is None and answer_cap is None and not fixed:
+        return None
+    limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap, fixed_length=fixed)
+    try:
+        limits.validate()
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="selfspec.fixed_length" if fixed else "selfspec.cot_cap") from None
+    return limits
+
+
+_PARAM_NAME = re.compile(r"invalid sampling parameter (\w+)=")
+
+
+class RequestPlanner:
+    """Builds `RequestPlan`s for one LLM under the server's defaults."""
+
+    def __init__(self, llm: Any, defaults: RequestDefaults, request_timeout_s: float) -> None:
+        self.llm = llm
+        self.tokenizer = llm.tokenizer
+        self.defaults = defaults
+        self.request_timeout_s = request_timeout_s
+        self.max_len = llm.engine.max_len
+        self.vocab_size = llm.engine.vocab_size
+
+    # ------------------------------------------------------------------ entry points
+    def plan_chat(self, body: ChatCompletionRequest) -> RequestPlan:
+        options = body.options
+        spec, mode = resolve_spec(options, self.defaults)
+        thinking = self._thinking(body.requested_thinking, spec)
+        try:
+            prompt_ids = self.llm.encode_prompt(body.template_messages(), thinking=thinking)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        except Exception as exc:  # noqa: BLE001 - a template/tokenizer rejecting this input
+            log.warning("chat template failed on a request: %r", exc)
+            raise APIError(400, f"could not build the prompt from these messages: {exc}", param="messages") from None
+        return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="messages")
+
+    def plan_completion(self, body: CompletionRequest) -> RequestPlan:
+        options = body.options
+        spec, mode = resolve_spec(options, self.defaults)
+        # A raw completion continues the text as given: no thinking unless asked for.
+        requested = options.thinking
+        if requested is None and spec is None:
+            requested = False
+        thinking = self._thinking(requested, spec)
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise APIError(400, "prompt is empty", param="prompt")
+            try:
+                prompt_ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            except Exception as exc:  # noqa: BLE001 - the tokenizer rejecting this text
+                raise APIError(400, f"could not tokenize the prompt: {exc}", param="prompt") from None
+        else:
+            prompt_ids = list(prompt)
+            if not prompt_ids:
+                raise APIError(400, "prompt is empty", param="prompt")
+            bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise APIError(400, f"prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param="prompt")
+        return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="prompt")
+
+    # ------------------------------------------------------------------ shared
+    def _thinking(self, requested: bool | None, spec: Spec) -> bool | None:
+        thinking = requested if requested is not None else self.defaults.thinking
+        if thinking is None and getattr(spec, "needs_thinking", False):
+            thinking = True
+        return thinking
+
+    def _finish(
+        self,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt_ids: list[int],
+        spec: Spec,
+        mode: str,
+        thinking: bool | None,
+        *,
+        prompt_field: str,
+    ) -> RequestPlan:
+        if not prompt_ids:
+            raise APIError(400, "the prompt is empty after tokenization", param=prompt_field)
+        room = self.max_len - len(prompt_ids)
+        if room < 1:
+            raise APIError(
+                400,
+                f"this model's context holds {self.max_len} tokens; the prompt has {len(prompt_ids)} "
+                "(at least one position must remain for the answer)",
+                param=prompt_field,
+                code="context_length_exceeded",
+            )
+        limit_field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        max_tokens = body.completion_limit
+        if max_tokens is None:
+            max_tokens = min(room, self.defaults.max_tokens or room)
+        elif max_tokens > room:
+            raise APIError(
+                400,
+                f"this model's context holds {self.max_len} tokens; the prompt has {len(prompt_ids)}, "
+                f"so {limit_field} may be at most {room} (got {max_tokens})",
+                param=limit_field,
+                code="context_length_exceeded",
+            )
+        if body.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")
+        stop_ids = body.stop_token_ids or []
+        bad = [t for t in stop_ids if t >= self.vocab_size]
+        if bad:
+            raise APIError(400, f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param="stop_token_ids")
+        try:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=self.defaults.temperature if body.temperature is None else float(body.temperature),
+                top_k=0 if body.top_k in (None, -1) else body.top_k,
+                top_p=1.0 if body.top_p is None else float(body.top_p),
+                min_p=0.0 if body.min_p is None else float(body.min_p),
+                seed=body.seed,
+                stop=list(body.stop or []),
+                stop_token_ids=list(stop_ids),
+                ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens,
+            )
+        except InvalidSamplingParams as exc:
+            match = _PARAM_NAME.search(str(exc))
+            raise APIError(400, str(exc), param=match.group(1) if match else None) from None
+        limits = resolve_limits(body.options, self.defaults)
+        timeout = self.request_timeout_s
+        if body.options.timeout_s is not None:
+            timeout = min(timeout, body.options.timeout_s)
+        return RequestPlan(prompt_ids, params, spec, limits, thinking, mode, timeout)

@@ -1,0 +1,129 @@
+"""Response payloads in OpenAI's shapes (chat and text completions, chunks, usage).
+
+Built as plain dicts: they are serialized once per chunk on the hot streaming path, and
+the shapes are fixed by the OpenAI API, not by our models. `usage` carries the standard
+counts plus a `selfspec` object with the request's speculation metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from selfspec.server.engine_loop import Finished
+
+
+def build_usage(finished: Finished, prompt_tokens: int, mode: str) -> dict[str, Any]:
+    m = finished.metrics
+    completion = len(finished.output_ids)
+    cot = int(m.get("cot_tokens", 0))
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "completion_tokens_details": {"reasoning_tokens": cot},
+        "selfspec": {
+            "mode": mode,
+            "lossy": False,
+            "cot_tokens": cot,
+            "answer_tokens": int(m.get("answer_tokens", 0)),
+            "accepted_prefix": int(m.get("accepted_prefix", 0)),
+            "suffix_accepted_tokens": int(m.get("suffix_accepted_tokens", 0)),
+            "accepted_tokens": int(m.get("accepted_tokens", 0)),
+            "proposed_tokens": int(m.get("proposed_tokens", 0)),
+            "drafts": int(m.get("drafts", 0)),
+            "draft_tokens": int(m.get("draft_tokens", 0)),
+            "forwards": int(m.get("forwards", 0)),
+            "thinking_closed_by": m.get("thinking_closed_by", ""),
+            "finish_detail": finished.finish_detail,
+            "ttft_s": finished.ttft_s,
+            "first_answer_token_s": finished.first_answer_token_s,
+            "total_s": finished.total_s,
+        },
+    }
+
+
+def finish_reason(finished: Finished) -> str:
+    """OpenAI's vocabulary: stop | length; anything else (cancelled) as vLLM's "abort"."""
+    return finished.finish_reason if finished.finish_reason in ("stop", "length") else "abort"
+
+
+def chat_completion(
+    request_id: str, created: int, model: str, *, content: str, reasoning: str | None, reason: str, usage: dict[str, Any]
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}],
+        "usage": usage,
+    }
+
+
+def text_completion(request_id: str, created: int, model: str, *, text: str, reason: str, usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        "usage": usage,
+    }
+
+
+class ChunkWriter:
+    """Serializes the SSE events of one streamed response."""
+
+    def __init__(self, request_id: str, created: int, model: str, *, chat: bool, include_usage: bool) -> None:
+        self.chat = chat
+        self.include_usage = include_usage
+        self._base = {
+            "id": request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+        }
+
+    def _event(self, choices: list[dict[str, Any]], usage: Any = None, with_usage_key: bool | None = None) -> str:
+        payload = {**self._base, "choices": choices}
+        if with_usage_key if with_usage_key is not None else self.include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def _choice(self, *, reasoning: str = "", content: str = "", role: bool = False, reason: str | None = None) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+                delta["content"] = ""
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if content:
+                delta["content"] = content
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": reasoning + content, "logprobs": None, "finish_reason": reason}
+
+    def start(self) -> str | None:
+        """The opening chunk that carries the assistant role (chat only)."""
+        return self._event([self._choice(role=True)]) if self.chat else None
+
+    def delta(self, *, reasoning: str = "", content: str = "") -> str:
+        return self._event([self._choice(reasoning=reasoning, content=content)])
+
+    def finish(self, reason: str, usage: dict[str, Any]) -> str:
+        out = self._event([self._choice(reason=reason)])
+        if self.include_usage:
+            out += self._event([], usage=usage, with_usage_key=True)
+        return out
+
+    @staticmethod
+    def error(body: dict[str, Any]) -> str:
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    @staticmethod
+    def done() -> str:
+        return "data: [DONE]\n\n"

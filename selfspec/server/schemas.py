@@ -1,0 +1,292 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated strictly.
+
+Every client mistake must come back as a 4xx that names the field, never a 500, so
+bodies are parsed by pydantic in strict mode (a string is not a number, 1.0 is not an
+int, NaN and infinities are rejected) with unknown fields forbidden (a typo such as
+`max_token` is reported instead of silently ignored). OpenAI fields that selfspec does
+not implement are accepted only at their no-op values (`n: 1`, `logprobs: false`, ...),
+so a client that sends its defaults works and one that relies on a feature learns that
+it is missing.
+
+selfspec's own options live in a `selfspec` object (the openai client sends it through
+`extra_body`); the same keys are also accepted at the top level of the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from selfspec.policies.speculative import SpeculationConfig
+from selfspec.ssr.config import SSRConfig
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+MAX_TIMEOUT_S = 24 * 3600.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class _Lenient(BaseModel):
+    """For nested objects whose extra keys some clients echo back (ignored)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class TextPart(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The dict the chat template reads (content parts joined to one string)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.reasoning_content:
+            message["reasoning_content"] = self.reasoning_content
+        return message
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text"]
+
+
+class SelfspecOptions(_Strict):
+    """selfspec's per-request options.
+
+    ssr: SSR settings (merged over the server's defaults); `true` uses the defaults,
+      `false` turns SSR off for this request.
+    speculation: suffix decoding / prompt lookup instead of SSR (same merging rules).
+    thinking: let the model think first (default: the model's own default).
+    cot_cap / answer_cap / fixed_length: the thinking length rules (`ThinkingLimits`).
+    timeout_s: give up after this many seconds (at most the server's timeout).
+    """
+
+    ssr: Union[SSRConfig, bool, None] = Field(default=None, union_mode="left_to_right")
+    speculation: Union[SpeculationConfig, bool, None] = Field(default=None, union_mode="left_to_right")
+    thinking: bool | None = None
+    cot_cap: int | None = Field(default=None, ge=1)
+    answer_cap: int | None = Field(default=None, ge=1)
+    fixed_length: bool | None = None
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+
+    @model_validator(mode="after")
+    def _one_speculation_source(self) -> "SelfspecOptions":
+        if _is_on(self.ssr) and _is_on(self.speculation):
+            raise ValueError("give either ssr or speculation, not both")
+        return self
+
+
+def _is_on(value: Any) -> bool:
+    return value is not None and value is not False
+
+
+_SELFSPEC_KEYS = tuple(SelfspecOptions.model_fields)
+
+
+def _lift_selfspec_keys(data: Any) -> Any:
+    """Move top-level selfspec keys (`ssr`, `cot_cap`, ...) into the `selfspec` object."""
+    if not isinstance(data, dict):
+        return data
+    lifted = {key: data[key] for key in _SELFSPEC_KEYS if key in data}
+    if not lifted:
+        return data
+    rest = {key: value for key, value in data.items() if key not in lifted}
+    nested = rest.get("selfspec")
+    if nested is None:
+        nested = {}
+    if not isinstance(nested, dict):
+        return data  # let validation report `selfspec` itself
+    clash = sorted(set(lifted) & set(nested))
+    if clash:
+        raise ValueError(f"{', '.join(clash)} given both at the top level and inside `selfspec`")
+    rest["selfspec"] = {**nested, **lifted}
+    return rest
+
+
+# Values of unimplemented OpenAI fields that mean "feature off".
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "top_logprobs": (None, 0),
+}
+
+
+class _CommonRequest(_Strict):
+    """Fields shared by chat and text completions."""
+
+    model: str = Field(min_length=1, max_length=512)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int = Field(default=1, ge=1)
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    user: str | None = None
+    # OpenAI features selfspec does not implement: accepted at their no-op values only.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    top_logprobs: int | None = None
+    selfspec: SelfspecOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lift(cls, data: Any) -> Any:
+        return _lift_selfspec_keys(data)
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        for s in stops:
+            if not s:
+                raise ValueError("stop strings must not be empty")
+            if len(s) > MAX_STOP_LENGTH:
+                raise ValueError(f"stop strings must be at most {MAX_STOP_LENGTH} characters")
+        return stops
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _check_stop_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if len(value) > 1024:
+                raise ValueError("at most 1024 stop token ids")
+            if any(t < 0 for t in value):
+                raise ValueError("token ids must be >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _check_unsupported(self) -> "_CommonRequest":
+        for name, allowed in _NO_OP_VALUES.items():
+            if getattr(self, name) not in allowed:
+                raise UnsupportedField(name, f"{name} is not supported by selfspec (allowed: {allowed[1:]})")
+        if self.n != 1:
+            raise UnsupportedField("n", "only n=1 is supported")
+        if self.logit_bias:
+            raise UnsupportedField("logit_bias", "logit_bias is not supported by selfspec")
+        if self.logprobs not in (None, False, 0):
+            raise UnsupportedField("logprobs", "logprobs are not supported by selfspec")
+        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise UnsupportedField("min_tokens", "min_tokens must not exceed max_tokens")
+        return self
+
+    @property
+    def options(self) -> SelfspecOptions:
+        return self.selfspec or SelfspecOptions()
+
+
+class UnsupportedField(ValueError):
+    """A field that is valid OpenAI but not implemented here, or inconsistent with another."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ChatCompletionRequest(_CommonRequest):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> "ChatCompletionRequest":
+        if self.tools:
+            raise UnsupportedField("tools", "tool calling is not supported by selfspec")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise UnsupportedField("tool_choice", "tool calling is not supported by selfspec")
+        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise UnsupportedField("max_completion_tokens", "max_tokens and max_completion_tokens disagree")
+        kwargs = self.chat_template_kwargs or {}
+        unknown = sorted(set(kwargs) - {"enable_thinking"})
+        if unknown:
+            raise UnsupportedField("chat_template_kwargs", f"unsupported chat_template_kwargs: {unknown} (only enable_thinking)")
+        if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+            raise UnsupportedField("chat_template_kwargs.enable_thinking", "enable_thinking must be a boolean")
+        return self
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def requested_thinking(self) -> bool | None:
+        """`selfspec.thinking`, else vLLM's `chat_template_kwargs.enable_thinking`."""
+        if self.options.thinking is not None:
+            return self.options.thinking
+        kwargs = self.chat_template_kwargs or {}
+        return kwargs.get("enable_thinking")
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_message() for m in self.messages]
+
+
+class CompletionRequest(_CommonRequest):
+    prompt: Union[str, list[int], list[str], list[list[int]]] = Field(union_mode="left_to_right")
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> "CompletionRequest":
+        if self.echo:
+            raise UnsupportedField("echo", "echo is not supported by selfspec")
+        if self.best_of not in (None, 1):
+            raise UnsupportedField("best_of", "only best_of=1 is supported")
+        if self.suffix:
+            raise UnsupportedField("suffix", "suffix is not supported by selfspec")
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise UnsupportedField("prompt", "one prompt per request (got a batch of several)")
+        return self
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_tokens
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: text, or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            return prompt[0]  # a batch of one
+        return prompt
