@@ -19,6 +19,7 @@ from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import Sequence
 from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
 from selfspec.policies.thinking import ThinkingLimits, ThinkingPolicy
+from selfspec.spec.suffix_proposer import GlobalSuffixHistory
 
 Prompt = str | list[dict] | list[int]
 
@@ -89,6 +90,8 @@ class LLM:
         self.model = model
         self.tokenizer = tokenizer
         self.engine = Engine(model, tokenizer, engine_config)
+        # Past responses shared by requests that list "global" among their suffix sources.
+        self.global_history = GlobalSuffixHistory(max_responses=256)
         if thinking_format is None and tokenizer is not None:
             thinking_format = ThinkingFormat.detect(tokenizer, override_start=think_start, override_end=think_end)
         self.thinking_format = thinking_format

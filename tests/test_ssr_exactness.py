@@ -40,7 +40,9 @@ MODES = {
     "suffix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, reuse="suffix"),
     "prefix+suffix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d),
     "iterative": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d),
+    "all-sources": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_sources=["draft", "prompt", "output", "global"]),
     "suffix-decoding": lambda b, d: SpeculationConfig(method="suffix"),
+    "suffix-global": lambda b, d: SpeculationConfig(method="suffix", sources=["prompt", "output", "global"]),
     "prompt-lookup": lambda b, d: SpeculationConfig(method="ngram"),
 }
 

@@ -40,4 +40,5 @@ class SpeculationConfig(BaseModel):
             index_context = "prompt" in self.sources or "output" in self.sources
             history = getattr(llm, "global_history", None) if "global" in self.sources else None
             proposer = SuffixProposer(self.suffix.to_config(index_context=index_context), global_history=history)
-        return ThinkingPolicy(llm.thinking_format, limits, thinking=thinking, proposer=proposer)
+        history = getattr(llm, "global_history", None) if "global" in self.sources else None
+        return ThinkingPolicy(llm.thinking_format, limits, thinking=thinking, proposer=proposer, history=history)

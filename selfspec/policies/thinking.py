@@ -70,6 +70,7 @@ class ThinkingPolicy(SequencePolicy):
         *,
         thinking: bool = True,
         proposer=None,
+        history=None,
     ) -> None:
         self.fmt = fmt
         self.limits = limits or ThinkingLimits()
@@ -79,6 +80,7 @@ class ThinkingPolicy(SequencePolicy):
         self.phase = "thinking" if self.thinking else "answer"
         self.metrics = PhaseMetrics()
         self.proposer = proposer  # optional: speculation in both phases (suffix decoding, prompt lookup)
+        self.history = history  # optional GlobalSuffixHistory that finished outputs are added to
         self._seen = 0  # output tokens already consumed
 
     # ------------------------------------------------------------------ hooks
@@ -95,6 +97,8 @@ class ThinkingPolicy(SequencePolicy):
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
         self._consume(None, seq)
+        if self.history is not None and seq.num_output_tokens and seq.finish_reason.value != "cancelled":
+            self.history.add_response(seq.seq_id, seq.output_ids)
 
     # ------------------------------------------------------------------ rules
     def _room_in_phase(self) -> int:

@@ -105,7 +105,8 @@ class SSRPolicy(ThinkingPolicy):
         thinking: bool = True,
         global_history: GlobalSuffixHistory | None = None,
     ) -> None:
-        super().__init__(fmt, limits, thinking=thinking)
+        history = global_history if "global" in config.suffix_sources else None
+        super().__init__(fmt, limits, thinking=thinking, history=history)
         self.config = config
         self.budgets = config.budgets_up_to(self.limits.cot_cap) if self.thinking else []
         self.drafts: list[Draft] = []
@@ -260,8 +261,6 @@ class SSRPolicy(ThinkingPolicy):
             for draft in self.drafts:
                 if not draft.seq.is_finished:
                     engine.cancel(draft.seq, "parent finished")
-        if self.global_history is not None and seq.num_output_tokens:
-            self.global_history.add_response(seq.seq_id, seq.output_ids)
 
     # ------------------------------------------------------------------ internals
     def _leave_prefix(self) -> None:
