@@ -62,6 +62,11 @@ class SSRConfig(BaseModel):
       draft by rejection sampling with those probabilities (Leviathan et al.); otherwise the
       draft is verified as a deterministic proposal. Both are exact in distribution; this
       one accepts more but holds a [draft_len, vocab] tensor per draft.
+    prefix_chunk_start / prefix_chunk_max: prefix verification proposes the draft in runs that
+      start at `prefix_chunk_start` tokens and double after each fully accepted run, up to
+      `prefix_chunk_max` (and the engine's max_proposal_tokens). An early mismatch then costs
+      a short verify; a matching draft still goes through in a few forwards. Where a k-token
+      verify costs the same as a decode step (GPU), set both to 64.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -77,6 +82,8 @@ class SSRConfig(BaseModel):
     speculate_drafts: bool = True
     cancel_older_drafts: bool = True
     use_draft_probs: bool = False
+    prefix_chunk_start: int = Field(8, ge=1, le=4096)
+    prefix_chunk_max: int = Field(64, ge=1, le=4096)
 
     @model_validator(mode="after")
     def _check(self) -> "SSRConfig":

@@ -125,6 +125,7 @@ class SSRPolicy(ThinkingPolicy):
         self._last_len = 0
         self.prefix_cursor = 0
         self.prefix_start = 0
+        self._prefix_chunk = config.prefix_chunk_start
 
     # ------------------------------------------------------------------ proposing
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
@@ -157,7 +158,7 @@ class SSRPolicy(ThinkingPolicy):
         start = self.prefix_cursor
         if start >= len(source):
             return None
-        tokens = source[start : start + room]
+        tokens = source[start : start + min(room, self._prefix_chunk)]
         probs = None
         if self.config.use_draft_probs and draft.probs:
             probs = self._draft_prob_rows(draft, start, len(tokens))
@@ -203,6 +204,8 @@ class SSRPolicy(ThinkingPolicy):
         if accepted < self._last_len:
             self._leave_prefix()
             return
+        # Fully accepted: the draft is tracking the model, verify a longer run next time.
+        self._prefix_chunk = min(self._prefix_chunk * 2, self.config.prefix_chunk_max)
         bonus_index = accepted
         if (
             bonus_index < len(new_tokens)
