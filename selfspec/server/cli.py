@@ -11,11 +11,12 @@ of the HTTP layer only: its text is noise).
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from selfspec.server.config import RequestDefaults, ServerConfig
+if TYPE_CHECKING:  # imported lazily: `selfspec --help` should not pay for torch
+    from selfspec.server.config import RequestDefaults
 
 TINY_MODEL = "tiny"
 _REUSE_MODES = ("off", "prefix", "suffix", "prefix+suffix")
@@ -57,6 +58,7 @@ def build_defaults(
 
     from selfspec.policies.speculative import SpeculationConfig
     from selfspec.policies.thinking import ThinkingLimits
+    from selfspec.server.config import RequestDefaults
     from selfspec.ssr.config import SSRConfig
 
     if reuse not in _REUSE_MODES:
@@ -126,6 +128,7 @@ def serve_command(
     import uvicorn
 
     from selfspec.server.app import create_app
+    from selfspec.server.config import ServerConfig
 
     try:
         defaults = build_defaults(

@@ -149,7 +149,7 @@ class EngineLoop:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.stats = LoopStats(slots_total=self.engine.config.num_slots)
-        self.error: BaseException | None = None  # set if the thread died
+        self.failures = 0  # loop iterations that raised (their requests got a 500)
 
     # ------------------------------------------------------------------ any thread
     def start(self) -> None:
@@ -189,33 +189,38 @@ class EngineLoop:
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    while not (self._stopping or self._inbox or self._aborts or self.engine.has_unfinished()):
-                        self._cond.wait()
-                    if self._stopping:
-                        break
-                    jobs = list(self._inbox)
-                    self._inbox.clear()
-                    aborts = dict(self._aborts)
-                    self._aborts.clear()
-                for job in jobs:
-                    if job.request_id in aborts:  # cancelled before it reached the engine
-                        self._release()
-                        self.hooks.on_aborted(aborts.pop(job.request_id))
-                    else:
-                        self._admit(job)
-                self._apply_aborts(aborts)
-                if self.engine.has_unfinished():
-                    self._step()
-                self._publish()
-        except BaseException as exc:  # noqa: BLE001 - report, fail every request, never hang them
-            log.exception("the engine loop died")
-            self.error = exc
-            self._fail_all("the engine loop stopped unexpectedly")
-            raise
+            while self._iterate():
+                pass
         finally:
             self._fail_all("the server is shutting down")
+
+    def _iterate(self) -> bool:
+        """One iteration: take new jobs and aborts, step, publish. False once stopping."""
+        with self._cond:
+            while not (self._stopping or self._inbox or self._aborts or self.engine.has_unfinished()):
+                self._cond.wait()
+            if self._stopping:
+                return False
+            jobs = list(self._inbox)
+            self._inbox.clear()
+            aborts = dict(self._aborts)
+            self._aborts.clear()
+        try:
+            for job in jobs:
+                if job.request_id in aborts:  # cancelled before it reached the engine
+                    self._release()
+                    self.hooks.on_aborted(aborts.pop(job.request_id))
+                else:
+                    self._admit(job)
+            self._apply_aborts(aborts)
+            if self.engine.has_unfinished():
+                self.engine.step()
+            self._publish()
+        except Exception:  # noqa: BLE001 - a failed step must not hang every client, nor stop the server
+            log.exception("engine loop iteration failed; failing the live requests")
+            self.failures += 1
+            self._abandon_live("internal error while generating")
+        return True
 
     def _admit(self, job: EngineJob) -> None:
         try:
@@ -250,22 +255,13 @@ class EngineLoop:
             self._release()
             self.hooks.on_aborted(reason)
 
-    def _step(self) -> None:
-        try:
-            self.engine.step()
-        except Exception:  # noqa: BLE001 - a failed forward must not hang every client
-            log.exception("engine step failed; failing the running requests")
-            for request_id in list(self._live):
-                self.engine.abort_request(request_id)
-            self._fail_all("internal error while generating")
-
     def _publish(self) -> None:
         """Send each live request its new tokens; finish the finished ones.
 
         Stats are refreshed before results go out, so a client that reads /metrics right
         after its response sees its slot freed.
         """
-        done: list[tuple[_Live, Finished]] = []
+        done: list[tuple[_Live, Update]] = []
         for request_id, live in list(self._live.items()):
             seq = live.seq
             length = len(seq.token_ids)
@@ -273,9 +269,14 @@ class EngineLoop:
                 live.sink.put(Progress(seq.token_ids[live.published : length], self._answer_start(live)))
                 live.published = length
             if seq.is_finished:
+                try:
+                    final: Update = self._finished(live)
+                except Exception:  # noqa: BLE001 - one request's failure must not stop the loop
+                    log.exception("could not build the result of request %s", request_id)
+                    final = Failed("internal error while finishing the request", client_error=False)
                 del self._live[request_id]
                 self._release()
-                done.append((live, self._finished(live)))
+                done.append((live, final))
         self._refresh_stats()
         for live, finished in done:
             live.sink.put(finished)
@@ -303,6 +304,16 @@ class EngineLoop:
     def _release(self) -> None:
         with self._cond:
             self._in_flight -= 1
+
+    def _abandon_live(self, message: str) -> None:
+        """Cancel every live request in the engine (best effort) and fail it."""
+        for request_id in list(self._live):
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # noqa: BLE001 - the engine may be what failed
+                log.exception("could not abort request %s", request_id)
+        self._fail_all(message)
+        self._refresh_stats()
 
     def _fail_all(self, message: str) -> None:
         for request_id, live in list(self._live.items()):

@@ -158,10 +158,9 @@ def _failure(update: Failed) -> APIError:
 
 
 def _param_of(message: str) -> str | None:
-    if "sampling parameter" in message:
+    """The field a library error names ("invalid sampling parameter top_p=..."), if any."""
+    if "sampling parameter " in message:
         return message.split("sampling parameter ", 1)[1].split("=", 1)[0]
-    if "prompt" in message:
-        return "prompt"
     return None
 
 

@@ -1,0 +1,122 @@
+"""`selfspec serve`: flags, their validation, and a real server process started from them."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from selfspec.server.cli import build_defaults, serve_command
+
+
+@pytest.fixture(scope="module")
+def cli() -> typer.Typer:
+    """A throwaway app registering the command the way the main CLI does."""
+    app = typer.Typer()
+    app.command("serve")(serve_command)
+
+    @app.command("noop")
+    def noop() -> None:  # a second command, so "serve" is a real subcommand
+        pass
+
+    return app
+
+
+def test_every_option_has_help(cli):
+    for name, parameter in inspect.signature(serve_command).parameters.items():
+        assert parameter.default.help, f"--{name} has no help text"
+    result = CliRunner().invoke(cli, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for flag in ("--model", "--host", "--port", "--num-slots", "--max-queue", "--request-timeout", "--api-key",
+                 "--ssr", "--draft-budget", "--cot-cap", "--answer-cap", "--reuse"):
+        assert flag in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--draft-budget", "5"], "add --ssr"),
+        (["--ssr", "--reuse", "often"], "--reuse"),
+        (["--ssr", "--speculation", "ngram"], "alternatives"),
+        (["--fixed-length", "--cot-cap", "5"], "fixed_length"),
+        (["--max-queue", "-1"], "max_queue"),
+        (["--request-timeout", "0"], "request_timeout"),
+        (["--ssr", "--draft-budget", "0"], "SSR"),
+    ],
+)
+def test_bad_flags_exit_2_before_loading(cli, args, message):
+    result = CliRunner().invoke(cli, ["serve", "--model", "no-such-model", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_unknown_model_exits_2(cli):
+    result = CliRunner().invoke(cli, ["serve", "--model", "no-such-model-anywhere"])
+    assert result.exit_code == 2
+    assert "could not load" in result.output
+
+
+def test_defaults_from_flags():
+    d = build_defaults(ssr=True, draft_budget=[300, 100], reuse="prefix", cot_cap=500, answer_cap=200, think=True)
+    assert d.ssr.draft_budgets == [100, 300] and d.ssr.reuse == "prefix"
+    assert (d.cot_cap, d.answer_cap, d.thinking, d.speculation) == (500, 200, True, None)
+    assert build_defaults(speculation="suffix").speculation.method == "suffix"
+    assert build_defaults().ssr is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_process_end_to_end(tmp_path):
+    """`python -m selfspec.server` with flags: key required, SSR on by default, clean exit."""
+    port = free_port()
+    command = [sys.executable, "-m", "selfspec.server", "--model", "tiny", "--port", str(port), "--num-slots", "4",
+               "--api-key", "k3y", "--ssr", "--draft-budget", "4", "--cot-cap", "10", "--answer-cap", "8",
+               "--log-level", "warning"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log_path = tmp_path / "server.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
+        try:
+            out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=30)
+        except openai.APIError as exc:
+            pytest.fail(f"{exc}\nserver log:\n{log_path.read_text()}")
+        assert out.usage.selfspec["mode"] == "ssr"
+        assert out.usage.selfspec["drafts"] == 1
+        assert out.usage.selfspec["cot_tokens"] == 10
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+    assert process.returncode == 0, log_path.read_text()
