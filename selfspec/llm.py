@@ -203,18 +203,24 @@ class LLM:
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
     ) -> Iterator[list[int]]:
-        """Yield the token ids committed to the request at each step, then stop."""
+        """Submit one request and yield the token ids it commits, step by step."""
         seq = self.submit(prompt, params, spec=spec, limits=limits, thinking=thinking)
+        yield from self.iter_tokens(seq)
+
+    def iter_tokens(self, seq: Sequence) -> Iterator[list[int]]:
+        """Drive the engine until `seq` finishes, yielding its newly committed token ids.
+
+        Other queued requests advance in the same steps. A cap may truncate tokens committed
+        in the same step, so only what stands after the policy ran is yielded.
+        """
         sent = seq.prompt_len
         while not seq.is_finished:
             self.engine.step()
-            # Tokens may be truncated by a cap after commit; stream only what is stable.
             if len(seq.token_ids) > sent:
                 yield seq.token_ids[sent:]
                 sent = len(seq.token_ids)
         if len(seq.token_ids) > sent:
             yield seq.token_ids[sent:]
-        self._last_stream_seq = seq
 
     # ------------------------------------------------------------------ results
     def result(self, seq: Sequence) -> GenerationResult:

@@ -92,14 +92,15 @@ def generate(
             start = time.perf_counter()
             printed = ""
             all_ids: list[int] = []
-            for ids in llm.stream(prompt, params, spec=spec, limits=limits, thinking=think):
+            seq = llm.submit(prompt, params, spec=spec, limits=limits, thinking=think)
+            for ids in llm.iter_tokens(seq):
                 all_ids = ids if not all_ids else all_ids + ids
                 text = llm.tokenizer.decode(all_ids, skip_special_tokens=True)
                 sys.stdout.write(text[len(printed):])
                 sys.stdout.flush()
                 printed = text
             sys.stdout.write("\n")
-            result = llm.result(llm._last_stream_seq)
+            result = llm.result(seq)
         else:
             start = time.perf_counter()
             (result,) = llm.generate(prompt, params, spec=spec, limits=limits, thinking=think)
