@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -82,7 +81,7 @@ def bench(
     meta = {
         "device": device if device == "cpu" else _gpu_name(),
         "dtype": dtype,
-        "command": " ".join(["selfspec", "bench"] + sys.argv[2:]),
+        "command": _command_line(ctx.params),
         "date": time.strftime("%Y-%m-%d"),
         "versions": _versions(),
     }
@@ -104,11 +103,27 @@ def report(
     out_dir: str = typer.Option("benchmarks/results/report", help="Where report.md and the PNG plots go."),
 ) -> None:
     """Markdown tables per model x benchmark and PNG plots from bench records."""
-    from selfspec.bench.report import build_report
+    from selfspec.bench.report import ReportError, build_report
 
-    path = build_report([Path(p) for p in inputs], Path(out_dir))
+    try:
+        path = build_report([Path(p) for p in inputs], Path(out_dir))
+    except ReportError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
     console.print(f"report written to {path}")
     print(Path(path).read_text())
+
+
+def _command_line(params: dict) -> str:
+    """The run's command rebuilt from the parsed options (so it is right under any caller)."""
+    parts = ["selfspec", "bench"]
+    for name, value in params.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else "--no-" + name.replace("_", "-"))
+        elif value is not None:
+            parts += [flag, str(value)]
+    return " ".join(parts)
 
 
 def _gpu_name() -> str:

@@ -178,6 +178,12 @@ class Group:
     def label(self) -> str:
         return f"{self.model} / {self.benchmark}"
 
+    @property
+    def title(self) -> str:
+        """The label plus the draft budget, which tells apart the tables of a budget sweep."""
+        budget = self.settings.get("draft_budget")
+        return self.label if budget is None else f"{self.label}, draft budget {budget}"
+
     def by_mode(self, exclude: set[str] = frozenset()) -> dict[str, list[Record]]:
         out: dict[str, list[Record]] = defaultdict(list)
         for rec in self.records:
@@ -209,7 +215,7 @@ class Group:
 def group_records(records: list[Record]) -> list[Group]:
     groups: dict[tuple, Group] = {}
     for rec in records:
-        model, bench = str(rec.get("model", "unknown")), str(rec.get("benchmark", "unknown"))
+        model, bench = str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown")
         key = (model, bench, _settings_key(rec.get("settings")))
         if key not in groups:
             groups[key] = Group(model, bench, dict(rec.get("settings") or {}))
@@ -302,8 +308,7 @@ def _meta_lines(meta: dict[str, list[Any]]) -> list[str]:
         lines.append(f"- {key}: {', '.join(map(str, meta[key])) or 'n/a'}")
     versions = ["; ".join(f"{k} {v}" for k, v in v.items()) if isinstance(v, dict) else str(v) for v in meta["versions"]]
     lines.append(f"- versions: {' | '.join(versions) or 'n/a'}")
-    for cmd in meta["command"] or ["n/a"]:
-        lines.append(f"- command: `{cmd}`")
+    lines += [f"- command: `{cmd}`" for cmd in meta["command"]] or ["- command: n/a"]
     return lines
 
 
@@ -340,7 +345,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
           "Speedup is the mean over samples of baseline latency / mode latency, paired per sample; latency "
           "reduction is 1 − mean mode latency / mean baseline latency over the same paired samples. "
           "Oracle speedup = (CoT + answer tokens) / (CoT tokens + 1), the ceiling if every answer token "
-          "came free; *oracle realized* = (speedup − 1) / (oracle − 1).", ""]
+          "came free; *oracle realized* = (speedup − 1) / (oracle − 1). Modes that also speculate inside the "
+          "CoT (suffix-decoding, prompt-lookup) can realize more than 100%: the oracle counts free answer "
+          "tokens only.", ""]
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
 
     for index, group in enumerate(groups):
@@ -348,17 +355,19 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         table = group.table()
         excluded = group.baseline_loop_samples()
         table_clean = group.table(exclude=set(excluded)) if excluded else table
-        latency_png = plots.plot_latency_split(group.label, table, out_dir / f"latency_{stem}.png")
+        latency_png = plots.plot_latency_split(group.title, table, out_dir / f"latency_{stem}.png")
         meta = group.meta()
-        md += [f"## {group.label}", "", f"Settings: {_settings_line(group.settings)}", "",
+        md += [f"## {group.title}", "", f"Settings: {_settings_line(group.settings)}", "",
                markdown_table(table), ""]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
-        if excluded:
+        if excluded and table_clean:
             md += [markdown_table(table_clean), ""]
+        elif excluded:
+            md += ["Every sample was excluded: no table without loops for this run.", ""]
         beside = _paper_beside(group.benchmark)
         if beside:
             md += [beside, ""]
-        md += [f"![latency split, {group.label}]({latency_png.name})", "", "Run metadata:", "", *_meta_lines(meta), ""]
+        md += [f"![latency split, {group.title}]({latency_png.name})", "", "Run metadata:", "", *_meta_lines(meta), ""]
         summary["groups"].append({
             "model": group.model, "benchmark": group.benchmark, "settings": group.settings,
             "n_samples": len({r["sample_id"] for r in group.records}),

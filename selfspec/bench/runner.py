@@ -124,15 +124,23 @@ def _sync(llm: LLM) -> None:
         torch.cuda.synchronize()
 
 
-def completed_pairs(path: Path) -> set[tuple[str, str]]:
+def _matching_records(path: Path, model: str, settings: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """Records of this file made with the same model and settings (a file may hold a sweep)."""
     if not path.exists():
-        return set()
-    done = set()
+        return
     for line in path.read_text().splitlines():
-        if line.strip():
+        if not line.strip():
+            continue
+        try:
             rec = json.loads(line)
-            done.add((rec["sample_id"], rec["mode"]))
-    return done
+        except json.JSONDecodeError:
+            continue  # a line cut by a killed run; it is simply redone
+        if rec.get("model") == model and rec.get("settings") == settings:
+            yield rec
+
+
+def completed_pairs(path: Path, model: str, settings: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(r["sample_id"], r["mode"]) for r in _matching_records(path, model, settings)}
 
 
 def run_bench(
@@ -149,7 +157,9 @@ def run_bench(
 ) -> list[dict[str, Any]]:
     """Run every (sample, mode) not yet recorded; append records; return the new ones."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = completed_pairs(out_path) if resume else set()
+    model_name = getattr(llm, "model_name", "custom")
+    settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
+    done = completed_pairs(out_path, model_name, settings_key) if resume else set()
     if not resume and out_path.exists():
         out_path.unlink()
     if "baseline" in modes:
@@ -161,7 +171,7 @@ def run_bench(
         from tqdm import tqdm
 
         bar = tqdm(total=len(todo), desc="bench", unit="run")
-    baseline_hash = _baseline_hashes(out_path)
+    baseline_hash = _baseline_hashes(out_path, model_name, settings_key) if resume else {}
     new: list[dict[str, Any]] = []
     for i, sample in enumerate(samples):
         pending = [m for m in modes if (sample.id, m) not in done]
@@ -178,7 +188,7 @@ def run_bench(
                 sample_id=sample.id,
                 benchmark=sample.benchmark,
                 mode=mode,
-                model=getattr(llm, "model_name", "custom"),
+                model=model_name,
                 settings=settings.to_dict(),
                 **(meta or {}),
             )
@@ -201,15 +211,8 @@ def run_bench(
     return new
 
 
-def _baseline_hashes(path: Path) -> dict[str, str]:
-    hashes: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                if rec["mode"] == "baseline":
-                    hashes[rec["sample_id"]] = rec["output_hash"]
-    return hashes
+def _baseline_hashes(path: Path, model: str, settings: dict[str, Any]) -> dict[str, str]:
+    return {r["sample_id"]: r["output_hash"] for r in _matching_records(path, model, settings) if r["mode"] == "baseline"}
 
 
 def _warm_up(llm: LLM, sample: BenchSample | None, s: BenchSettings) -> None:

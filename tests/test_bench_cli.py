@@ -1,0 +1,73 @@
+"""`selfspec bench` end to end on a tiny model: 2 HumanEval samples x 7 modes, then the report.
+
+This is the CI run of the real command line: dataset loading, every mode through the
+engine (and transformers `generate`), JSONL records, exactness against the baseline, and
+`bench report` reading what `bench` wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from selfspec.cli.main import app
+from selfspec.testing.tiny import save_tiny_model_dir
+
+MODES = ["baseline", "prefix", "prefix+suffix", "iterative", "suffix-decoding", "prompt-lookup", "hf-generate"]
+LIMITS = ["--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "16"]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """Run the benchmark once for the module: (records, jsonl path, work dir)."""
+    root = tmp_path_factory.mktemp("bench_cli")
+    model_dir = save_tiny_model_dir(root / "m", "qwen3")
+    out = root / "r.jsonl"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir), "--modes", ",".join(MODES),
+         *LIMITS, "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return records, out, root
+
+
+def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
+    records, _, _ = bench_run
+    assert len(records) == 2 * len(MODES)
+    assert {(r["sample_id"], r["mode"]) for r in records} == {
+        (s, m) for s in ("HumanEval/0", "HumanEval/1") for m in MODES
+    }
+    assert all(r["exact_match"] is True for r in records), [(r["sample_id"], r["mode"]) for r in records if not r["exact_match"]]
+    for r in records:
+        assert r["benchmark"] == "humaneval" and r["settings"]["draft_budget"] == 8 and r["latency_s"] > 0
+        assert r["cot_tokens"] == 24 and r["answer_tokens"] == 16  # the fixed-length shape held in every mode
+
+
+def test_bench_report_has_a_row_per_mode(bench_run):
+    _, out, root = bench_run
+    rep = root / "rep"
+    result = CliRunner().invoke(app, ["bench", "report", str(out), "--out-dir", str(rep)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    text = (rep / "report.md").read_text()
+    for mode in MODES:
+        assert f"\n| {mode} | 2 | " in text
+    assert (rep / "summary.json").exists()
+    assert sorted(p.name.split("_")[0] for p in rep.glob("*.png")) == ["budget", "latency"]
+
+
+def test_bench_help():
+    result = CliRunner().invoke(app, ["bench", "--help"])
+    assert result.exit_code == 0
+    assert "--draft-budget" in result.output and "report" in result.output
+
+
+def test_unknown_mode_exits_with_code_2(tmp_path: Path):
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["bench", "--modes", "baseline,warp-drive", "--out", str(out), "--limit", "1"])
+    assert result.exit_code == 2
+    assert not out.exists()

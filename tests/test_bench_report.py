@@ -1,0 +1,172 @@
+"""`selfspec.bench.report`: exact figures from synthetic records, plots on disk, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from selfspec.bench.report import ReportError, build_report, load_records
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _settings(budget: int = 100) -> dict:
+    return {"cot_cap": 400, "answer_cap": 300, "draft_budget": budget, "draft_interval": budget,
+            "max_draft_len": 300, "fixed_length": True, "suffix": {"max_depth": 4}, "suffix_sources": ["draft"]}
+
+
+def _rec(sample: str, mode: str, latency: float, *, model: str = "tiny", budget: int = 100, **extra) -> dict:
+    rec = {
+        "sample_id": sample, "benchmark": "humaneval", "mode": mode, "model": model, "settings": _settings(budget),
+        "device": "cpu", "dtype": "float32", "command": "selfspec bench -b humaneval", "date": "2026-01-02",
+        "versions": {"torch": "2.x"}, "latency_s": latency, "thinking_s": latency / 2,
+        "first_answer_token_s": latency / 2 + 0.1, "cot_tokens": 100, "answer_tokens": 100,
+        "accepted_prefix": 0, "suffix_accepted_tokens": 0, "oracle_speedup": 2.0, "loop": False, "exact_match": True,
+    }
+    rec.update(extra)
+    return rec
+
+
+def _write(path: Path, records: list[dict], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return path
+
+
+@pytest.fixture()
+def report(tmp_path: Path):
+    """Three samples; s2's baseline loops; prefix s0 re-run (the later file must win)."""
+    old = [_rec("s0", "prefix", 100.0)]  # stale: replaced by the record in the second file
+    new = [
+        _rec("s0", "baseline", 10.0), _rec("s1", "baseline", 20.0), _rec("s2", "baseline", 30.0, loop=True),
+        _rec("s0", "prefix", 5.0, accepted_prefix=10, suffix_accepted_tokens=4, passed=True),
+        _rec("s1", "prefix", 10.0, accepted_prefix=20, suffix_accepted_tokens=8, exact_match=False, passed=False),
+        _rec("s2", "prefix", 30.0, accepted_prefix=60, oracle_speedup=3.0, loop=True),
+        # transformers generate: no timing split, no oracle field -> derived from token counts.
+        {"sample_id": "s0", "benchmark": "humaneval", "mode": "hf-generate", "model": "tiny",
+         "settings": _settings(), "latency_s": 8.0, "cot_tokens": 100, "answer_tokens": 100, "exact_match": True},
+        # a second budget of the same settings: shares the budget plot, gets its own table.
+        _rec("s0", "baseline", 10.0, budget=200), _rec("s0", "prefix", 4.0, budget=200),
+        # a model with no baseline at all.
+        _rec("s0", "prefix", 7.0, model="other"),
+    ]
+    f1 = _write(tmp_path / "a.jsonl", old)
+    f2 = _write(tmp_path / "b.jsonl", new, tail='{"sample_id": "s3", "mo')  # a line still being written
+    out = tmp_path / "rep"
+    path = build_report([f1, f2], out)
+    summary = json.loads((out / "summary.json").read_text())
+    groups = {(g["model"], g["settings"]["draft_budget"]): g for g in summary["groups"]}
+    return path, out, summary, groups
+
+
+def test_paired_speedup_reduction_and_oracle_fraction(report):
+    _, _, summary, groups = report
+    assert summary["n_records"] == 10  # 11 written, the stale prefix s0 deduplicated away
+    table = groups[("tiny", 100)]["modes"]
+    assert list(table) == ["baseline", "prefix", "hf-generate"]
+    base, prefix, hf = table["baseline"], table["prefix"], table["hf-generate"]
+    assert base["speedup"] == pytest.approx(1.0) and base["latency_reduction_pct"] == pytest.approx(0.0)
+    assert prefix["n"] == 3 and prefix["n_paired"] == 3
+    assert prefix["mean_latency_s"] == pytest.approx(15.0)
+    assert prefix["speedup"] == pytest.approx((2 + 2 + 1) / 3)  # mean of per-sample ratios
+    assert prefix["latency_reduction_pct"] == pytest.approx(25.0)  # 1 - 15/20
+    assert prefix["mean_oracle_speedup"] == pytest.approx(7 / 3)
+    assert prefix["oracle_fraction"] == pytest.approx((5 / 3 - 1) / (7 / 3 - 1))
+    assert prefix["mean_accepted_prefix"] == pytest.approx(30.0)
+    assert prefix["mean_suffix_accepted_tokens"] == pytest.approx(4.0)
+    assert prefix["mean_first_answer_token_s"] == pytest.approx(7.6)
+    assert prefix["mean_thinking_s"] == pytest.approx(7.5) and prefix["mean_answer_s"] == pytest.approx(7.5)
+    assert prefix["exact_match_rate"] == pytest.approx(2 / 3)
+    assert prefix["pass_rate"] == pytest.approx(0.5) and prefix["n_scored"] == 2
+    assert prefix["loops"] == 1
+    assert hf["speedup"] == pytest.approx(10 / 8) and hf["n_paired"] == 1
+    assert hf["mean_oracle_speedup"] == pytest.approx(200 / 101)
+    assert hf["mean_thinking_s"] is None and hf["mean_accepted_prefix"] is None and hf["pass_rate"] is None
+
+
+def test_loop_samples_are_excluded_from_the_second_table(report):
+    path, _, _, groups = report
+    group = groups[("tiny", 100)]
+    assert group["excluded_loop_samples"] == ["s2"]
+    clean = group["modes_excluding_loops"]["prefix"]
+    assert clean["n"] == 2 and clean["speedup"] == pytest.approx(2.0)
+    assert clean["latency_reduction_pct"] == pytest.approx(50.0)  # 1 - 7.5/15
+    assert clean["oracle_fraction"] == pytest.approx(1.0) and clean["loops"] == 0
+    assert "1 of 3 samples excluded because their baseline answer is a loop" in path.read_text()
+
+
+def test_mode_without_baseline_has_no_speedup(report):
+    _, _, _, groups = report
+    other = groups[("other", 100)]["modes"]["prefix"]
+    assert other["speedup"] is None and other["latency_reduction_pct"] is None and other["oracle_fraction"] is None
+    assert other["mean_latency_s"] == pytest.approx(7.0)
+
+
+def test_markdown_rows_paper_numbers_metadata_and_plots(report):
+    path, out, summary, groups = report
+    text = path.read_text()
+    assert path == out / "report.md"
+    for mode in ("baseline", "prefix", "hf-generate"):
+        assert f"\n| {mode} | " in text
+    assert "| prefix | 3 | 15.00 | 1.667x | 25.0% |" in text
+    assert "theirs, not ours" in text and "| HumanEval | 2.9% (1.030x) | 14.6% (1.171x) |" in text
+    assert "prefix 1.086x, suffix 1.318x, prefix+suffix 1.318x" in text
+    assert "- command: `selfspec bench -b humaneval`" in text and "- device: cpu" in text
+    assert groups[("tiny", 200)]["modes"]["prefix"]["speedup"] == pytest.approx(2.5)
+    budget = [b for b in summary["budget_plots"] if b["model"] == "tiny"]
+    assert len(budget) == 1 and budget[0]["draft_budgets"] == [100, 200]
+    pngs = [g["plots"]["latency"] for g in summary["groups"]] + [b["plot"] for b in summary["budget_plots"]]
+    assert len(pngs) == 5
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+        assert f"]({name})" in text  # linked relative to report.md
+
+
+def test_oracle_at_most_one_gives_no_fraction(tmp_path: Path):
+    records = [_rec("s0", "baseline", 2.0, oracle_speedup=1.0), _rec("s0", "prefix", 1.0, oracle_speedup=1.0)]
+    out = tmp_path / "rep"
+    build_report([_write(tmp_path / "r.jsonl", records)], out)
+    prefix = json.loads((out / "summary.json").read_text())["groups"][0]["modes"]["prefix"]
+    assert prefix["speedup"] == pytest.approx(2.0) and prefix["oracle_fraction"] is None
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", '{"sample_id": "s0", "mo'])
+def test_empty_input_is_a_clear_error(tmp_path: Path, content: str):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    with pytest.raises(ReportError, match="no bench records"):
+        build_report([path], tmp_path / "rep")
+    assert not (tmp_path / "rep" / "report.md").exists()
+
+
+def test_missing_file_no_inputs_and_corrupt_middle_line(tmp_path: Path):
+    with pytest.raises(ReportError, match="not found"):
+        load_records([tmp_path / "nope.jsonl"])
+    with pytest.raises(ReportError, match="no input files"):
+        load_records([])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{broken\n" + json.dumps(_rec("s0", "baseline", 1.0)) + "\n")
+    with pytest.raises(ReportError, match="bad.jsonl:1"):
+        load_records([bad])
+
+
+def test_resume_and_exactness_are_keyed_by_model_and_settings(tmp_path):
+    import json as _json
+
+    from selfspec.bench.runner import _baseline_hashes, completed_pairs
+
+    path = tmp_path / "sweep.jsonl"
+    a, b = {"draft_budget": 100}, {"draft_budget": 200}
+    rows = [
+        {"sample_id": "s1", "mode": "baseline", "model": "m", "settings": a, "output_hash": "h1"},
+        {"sample_id": "s1", "mode": "prefix", "model": "m", "settings": a, "output_hash": "h1"},
+        {"sample_id": "s1", "mode": "baseline", "model": "m", "settings": b, "output_hash": "h2"},
+        {"sample_id": "s1", "mode": "baseline", "model": "other", "settings": a, "output_hash": "h3"},
+    ]
+    path.write_text("\n".join(_json.dumps(r) for r in rows) + "\n{\"cut")
+    assert completed_pairs(path, "m", a) == {("s1", "baseline"), ("s1", "prefix")}
+    assert completed_pairs(path, "m", b) == {("s1", "baseline")}
+    assert _baseline_hashes(path, "m", b) == {"s1": "h2"}
+    assert _baseline_hashes(path, "other", a) == {"s1": "h3"}
