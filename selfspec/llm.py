@@ -64,12 +64,15 @@ class LLM:
         thinking_format: ThinkingFormat | None = None,
         think_start: str | None = None,
         think_end: str | None = None,
+        draft: str | None = None,
     ) -> None:
         from selfspec.models import load_model
 
         loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
         self._init(loaded.model, loaded.tokenizer, engine_config, thinking_format, think_start, think_end)
         self.model_name = loaded.name
+        if draft is not None:
+            self.set_draft(draft, device=device, dtype=dtype, cache_dir=cache_dir)
 
     @classmethod
     def from_model(
@@ -80,11 +83,32 @@ class LLM:
         engine_config: EngineConfig | None = None,
         thinking_format: ThinkingFormat | None = None,
         name: str = "custom",
+        draft: "str | torch.nn.Module | None" = None,
     ) -> "LLM":
         self = cls.__new__(cls)
         self._init(model, tokenizer, engine_config, thinking_format, None, None)
         self.model_name = name
+        if draft is not None:
+            self.set_draft(draft)
         return self
+
+    def set_draft(self, draft: "str | torch.nn.Module", **load_kwargs) -> None:
+        """Attach a draft model for SpS: "layers:N" (the target's first N layers + head,
+        shared weights), a loaded module, or a model name/path of the same vocabulary."""
+        from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
+
+        if isinstance(draft, str) and draft.startswith("layers:"):
+            module = shallow_draft(self.model, int(draft.split(":", 1)[1]))
+        elif isinstance(draft, str):
+            from selfspec.models import load_model
+
+            module = load_model(draft, **load_kwargs).model
+        else:
+            module = draft
+        vocab = module.get_output_embeddings().weight.shape[0]
+        if vocab != self.engine.vocab_size:
+            raise ValueError(f"draft vocabulary ({vocab}) differs from the target's ({self.engine.vocab_size})")
+        self.draft_runner = DraftModelRunner(module, num_slots=self.engine.config.num_slots, max_len=self.engine.max_len)
 
     def _init(self, model, tokenizer, engine_config, thinking_format, think_start, think_end) -> None:
         self.model = model
@@ -92,6 +116,7 @@ class LLM:
         self.engine = Engine(model, tokenizer, engine_config)
         # Past responses shared by requests that list "global" among their suffix sources.
         self.global_history = GlobalSuffixHistory(max_responses=256)
+        self.draft_runner = None
         if thinking_format is None and tokenizer is not None:
             thinking_format = ThinkingFormat.detect(tokenizer, override_start=think_start, override_end=think_end)
         self.thinking_format = thinking_format
@@ -120,10 +145,12 @@ class LLM:
         return thinking
 
     # ------------------------------------------------------------------ generation
-    def make_policy(self, spec: Any, limits: ThinkingLimits | None, thinking: bool) -> ThinkingPolicy:
+    def make_policy(
+        self, spec: Any, limits: ThinkingLimits | None, thinking: bool, params: SamplingParams | None = None
+    ) -> ThinkingPolicy:
         """The per-request policy: a spec config builds its own, else plain thinking rules."""
         if spec is not None:
-            return spec.build_policy(self, limits=limits, thinking=thinking)
+            return spec.build_policy(self, limits=limits, thinking=thinking, params=params)
         return ThinkingPolicy(self.thinking_format, limits, thinking=thinking)
 
     def submit(
@@ -146,7 +173,7 @@ class LLM:
             if limits.fixed_length:
                 params.ignore_eos = True
         prompt_ids = self.encode_prompt(prompt, thinking=enable)
-        policy = self.make_policy(spec, limits, enable)
+        policy = self.make_policy(spec, limits, enable, params)
         seq = self.engine.add_request(prompt_ids, params, request_id=request_id, policy=policy)
         return seq
 

@@ -97,6 +97,9 @@ class ThinkingPolicy(SequencePolicy):
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
         self._consume(None, seq)
+        release = getattr(self.proposer, "release", None)
+        if release is not None:
+            release()  # a draft model's KV slot
         if self.history is not None and seq.num_output_tokens and seq.finish_reason.value != "cancelled":
             self.history.add_response(seq.seq_id, seq.output_ids)
 

@@ -109,7 +109,7 @@ class SSRConfig(BaseModel):
             budgets = budgets[: self.max_drafts]
         return budgets
 
-    def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool):
+    def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool, params=None):
         from selfspec.ssr.controller import SSRPolicy
 
         return SSRPolicy(self, llm.thinking_format, limits, thinking=thinking, global_history=getattr(llm, "global_history", None))

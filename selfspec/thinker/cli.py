@@ -238,15 +238,19 @@ def eval_command(
     prefill_chunk: int = typer.Option(2048, min=1),
     max_prefill_tokens: int = typer.Option(16384, min=1, help="Prefill tokens per engine step."),
     from_results: Optional[Path] = typer.Option(None, help="Only re-render report.md and convergence.png from this results.json."),
+    notes: Optional[Path] = typer.Option(None, help="Markdown file appended to report.md (hand-written analysis)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Evaluate a thinker on held-out items: accuracy, self-stopping, loops, convergence curve."""
     from selfspec.thinker.evaluate import EvalConfig, run_eval, write_outputs
     from selfspec.thinker.train import DATA_VERSION, DataSpec
 
+    note_text = notes.read_text() if notes is not None else None
     if from_results is not None:
         results = json.loads(from_results.read_text())
-        for path in write_outputs(results, out_dir, results.get("training")):
+        if "template_control" not in results:
+            results["template_control"] = _template_control_for(results)
+        for path in write_outputs(results, out_dir, results.get("training"), note_text):
             typer.echo(f"wrote {path}")
         return
     from selfspec.engine.llm_engine import EngineConfig
@@ -279,10 +283,25 @@ def eval_command(
     results["device"] = _device_label(device)
     results["engine"] = {"num_slots": num_slots, "max_len": max_len, "dtype": dtype}
     results["training"] = _training_facts(model)
-    for path in write_outputs(results, out_dir, results["training"]):
+    for path in write_outputs(results, out_dir, results["training"], note_text):
         typer.echo(f"wrote {path}")
     checks = results["checks"]
     typer.echo(json.dumps({"overall": results["overall"], "checks": checks}, indent=1))
+
+
+def _template_control_for(results: dict[str, Any]) -> dict[str, Any]:
+    """The unrelated-answer control for results written before it existed: it needs only
+    the reference answers (regenerated from the recorded data spec) and the tokenizer."""
+    from selfspec.models import load_model
+    from selfspec.thinker.evaluate import template_control
+    from selfspec.thinker.train import DataSpec
+
+    data = results["config"]["data"]
+    spec = DataSpec(tuple(data["families"]), data["seed"], data["items_per_family"], data["knobs"], data["version"])
+    loaded = load_model(results["model"])
+    control = template_control(loaded.tokenizer, loaded.thinking, spec.items())
+    control["note"] = "computed after the run by `selfspec thinker eval --from-results` (reference answers only, CPU)"
+    return control
 
 
 def _device_label(device: str) -> str:

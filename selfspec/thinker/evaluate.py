@@ -229,6 +229,7 @@ def run_eval(
             "periodic_period": period,
             "loop": (span >= LOOP_MIN_SPAN) or not self_stopped,
             "distinct4": round(distinct_ngram_ratio(out.token_ids), 4),
+            "answer_excerpt": (out.answer_text or "")[:240],
         }
         answer = strip_answer(out.answer_token_ids or [], tokenizer, eos_ids)
         runs.append(_Run(item, list(out.prompt_token_ids), list(out.token_ids), offset, cot_len, answer, record))
@@ -249,6 +250,7 @@ def run_eval(
         "families": _family_summaries(records, references),
         "overall": _summary(records, [ref for refs in references.values() for ref in refs]),
         "convergence": _convergence_table(convergence_rows, config.fork_points),
+        "template_control": template_control(tokenizer, fmt, items),
         "checks": {},
         "records": records,
         "draft_records": convergence_rows,
@@ -314,6 +316,42 @@ def _convergence(
             }
         )
     return rows
+
+
+def template_control(tokenizer: Any, fmt: Any, items: Sequence[TaskItem]) -> dict[str, Any]:
+    """How much of an answer a well-formed but *unrelated* draft predicts.
+
+    Answers in these families are templated ("From X take Y to Z", TSV rows, code
+    scaffolding), so suffix lookup gets part of any answer right from any answer of the
+    same family. The control pairs each held-out item's reference answer with the next
+    item's reference answer (same family, cyclically) as if it were the draft: the
+    convergence curve means something only where it rises above this floor.
+    """
+    by_family: dict[str, list[list[int]]] = defaultdict(list)
+    for item in items:
+        by_family[item.family].append(list(tokenizer.encode(item.answer, add_special_tokens=False)))
+    table: dict[str, Any] = {"families": {}}
+    every: list[tuple[float, float]] = []
+    for family, answers in by_family.items():
+        shares = []
+        for index, final in enumerate(answers):
+            if len(answers) < 2 or not final:
+                continue
+            other = answers[(index + 1) % len(answers)]
+            predicted = suffix_predicted_tokens(final, other, fmt.close_ids)
+            shares.append((predicted / len(final), common_prefix_len(other, final) / len(final)))
+        every += shares
+        table["families"][family] = {
+            "pairs": len(shares),
+            "predictable_share": _mean([a for a, _ in shares]),
+            "prefix_share": _mean([b for _, b in shares]),
+        }
+    table["overall"] = {
+        "pairs": len(every),
+        "predictable_share": _mean([a for a, _ in every]),
+        "prefix_share": _mean([b for _, b in every]),
+    }
+    return table
 
 
 # --------------------------------------------------------------------------- summaries
@@ -401,8 +439,9 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
 
-def render_markdown(results: dict[str, Any], training: Mapping[str, Any] | None = None) -> str:
-    """The eval report: training facts, accuracy table, convergence table, shortfalls."""
+def render_markdown(results: dict[str, Any], training: Mapping[str, Any] | None = None, notes: str | None = None) -> str:
+    """The eval report: training facts, accuracy table, convergence table, shortfalls,
+    then `notes` (hand-written analysis kept in a file beside the results)."""
     cfg = results["config"]
     checks = results.get("checks") or check_targets(results)
     lines = [f"# Thinker eval: `{results['model']}`", ""]
@@ -455,10 +494,21 @@ def render_markdown(results: dict[str, Any], training: Mapping[str, Any] | None 
                 f"| {float(key):.0%} | {s['drafts']} | {s['common_prefix_tokens']:.1f} | {_pct(s['prefix_share'])} | "
                 f"{_pct(s['predictable_share'])} | {_pct(s['draft_pass_rate'])} |"
             )
-    lines += ["", "Predictable share per family:", "", "| family | " + " | ".join(f"{float(k):.0%}" for k in conv["overall"]) + " |"]
-    lines.append("| --- " * (len(conv["overall"]) + 1) + "|")
+    control = results.get("template_control")
+    if control:
+        c = control["overall"]
+        lines.append(
+            f"| control: an unrelated answer of the same family as the draft | {c['pairs']} | – | {_pct(c['prefix_share'])} | "
+            f"{_pct(c['predictable_share'])} | – |"
+        )
+    header = " | ".join(f"{float(k):.0%}" for k in conv["overall"])
+    lines += ["", "Predictable share per family (last column: the unrelated-answer control):", "",
+              f"| family | {header} | control |", "| --- " * (len(conv["overall"]) + 2) + "|"]
     for family, by_point in conv["families"].items():
-        lines.append(f"| {family} | " + " | ".join(_pct(by_point[k]["predictable_share"]) for k in conv["overall"]) + " |")
+        floor = control["families"].get(family, {}).get("predictable_share") if control else None
+        lines.append(
+            f"| {family} | " + " | ".join(_pct(by_point[k]["predictable_share"]) for k in conv["overall"]) + f" | {_pct(floor)} |"
+        )
     lines += ["", "![convergence](convergence.png)", "", "## Acceptance checks (computed)", ""]
     lines += [
         f"- ≥ 70% accuracy in at least three families: {'yes' if checks['accuracy_ok'] else 'no'} "
@@ -477,6 +527,10 @@ def render_markdown(results: dict[str, Any], training: Mapping[str, Any] | None 
     seconds = results.get("seconds", {})
     lines += ["", f"Eval time: natural runs {seconds.get('natural_runs')} s, drafts {seconds.get('drafts')} s"
               + (f" on {results['device']}" if results.get("device") else "") + "."]
+    if results.get("command"):
+        lines += ["", "Command:", "", "```", results["command"], "```"]
+    if notes:
+        lines += ["", notes.strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -530,6 +584,10 @@ def plot_convergence(results: dict[str, Any], path: str | Path) -> Path:
     axes[0].set_ylabel("% of final-answer tokens")
     axes[0].set_ylim(0, 100)
     axes[0].axhline(100 / 3, color="grey", linestyle=":", linewidth=1)
+    control = (results.get("template_control") or {}).get("overall", {})
+    for axis, metric in ((axes[0], "predictable_share"), (axes[1], "prefix_share")):
+        if control.get(metric) is not None:
+            axis.axhline(100 * control[metric], color="black", linestyle="--", linewidth=1, label="control: unrelated answer")
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(f"Convergence of drafts with the final answer: {results['model']}", fontsize=11)
     fig.tight_layout()
@@ -540,14 +598,16 @@ def plot_convergence(results: dict[str, Any], path: str | Path) -> Path:
     return target
 
 
-def write_outputs(results: dict[str, Any], out_dir: str | Path, training: Mapping[str, Any] | None = None) -> list[Path]:
+def write_outputs(
+    results: dict[str, Any], out_dir: str | Path, training: Mapping[str, Any] | None = None, notes: str | None = None
+) -> list[Path]:
     """results.json, report.md and convergence.png under `out_dir`."""
     target = Path(out_dir)
     target.mkdir(parents=True, exist_ok=True)
     results["checks"] = check_targets(results)
     paths = [target / "results.json", target / "report.md"]
     paths[0].write_text(json.dumps(results, indent=1) + "\n")
-    paths[1].write_text(render_markdown(results, training))
+    paths[1].write_text(render_markdown(results, training, notes))
     if results["convergence"]["items"]:
         paths.append(plot_convergence(results, target / "convergence.png"))
     return paths
@@ -567,5 +627,6 @@ __all__ = [
     "run_eval",
     "strip_answer",
     "suffix_predicted_tokens",
+    "template_control",
     "write_outputs",
 ]
