@@ -43,6 +43,7 @@ def bench(
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
     num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+)."),
+    draft: Optional[str] = typer.Option(None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."),
     out: str = typer.Option("runs/bench.jsonl", help="JSONL file the records are appended to."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Skip (sample, mode) pairs already in --out."),
     check_exact: bool = typer.Option(True, "--check-exact/--no-check-exact", help="Compare each mode's tokens with the baseline's; list mismatches."),
@@ -77,7 +78,10 @@ def bench(
         seed=seed,
     )
     samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset)
-    llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=num_slots))
+    if "sps" in mode_list and draft is None:
+        console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
+        raise typer.Exit(2)
+    llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=num_slots), draft=draft)
     meta = {
         "device": device if device == "cpu" else _gpu_name(),
         "dtype": dtype,

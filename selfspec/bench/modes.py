@@ -12,7 +12,7 @@ from typing import Any
 from selfspec.policies.speculative import SpeculationConfig
 from selfspec.ssr.config import SSRConfig, SuffixOptions
 
-ENGINE_MODES = ("baseline", "prefix", "suffix", "prefix+suffix", "iterative", "suffix-decoding", "prompt-lookup", "ssr-off")
+ENGINE_MODES = ("baseline", "prefix", "suffix", "prefix+suffix", "iterative", "suffix-decoding", "prompt-lookup", "sps", "ssr-off")
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 ALL_MODES = ENGINE_MODES + EXTERNAL_MODES
 LOSSLESS = set(ALL_MODES)  # every mode here must reproduce the baseline's greedy tokens
@@ -58,4 +58,6 @@ def spec_for(mode: str, s: BenchSettings):
         return SpeculationConfig(method="suffix", suffix=s.suffix, sources=["prompt", "output"])
     if mode == "prompt-lookup":
         return SpeculationConfig(method="ngram")
+    if mode == "sps":  # draft-model speculation; the LLM needs a draft (bench --draft layers:N)
+        return SpeculationConfig(method="draft")
     raise ValueError(f"unknown engine mode {mode!r}; choose from {', '.join(ALL_MODES)}")
