@@ -242,7 +242,7 @@ def eval_command(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Evaluate a thinker on held-out items: accuracy, self-stopping, loops, convergence curve."""
-    from selfspec.thinker.evaluate import EvalConfig, run_eval, write_outputs
+    from selfspec.thinker.evaluate import EvalConfig, convergence_table, run_eval, write_outputs
     from selfspec.thinker.train import DATA_VERSION, DataSpec
 
     note_text = notes.read_text() if notes is not None else None
@@ -250,6 +250,10 @@ def eval_command(
         results = json.loads(from_results.read_text())
         if "template_control" not in results:
             results["template_control"] = _template_control_for(results)
+        config = results["config"]
+        # The table is a pure function of the stored draft rows: recomputing it brings
+        # results written by an older version up to the current columns.
+        results["convergence"] = convergence_table(results["draft_records"], config["fork_points"], config["draft_cap"])
         for path in write_outputs(results, out_dir, results.get("training"), note_text):
             typer.echo(f"wrote {path}")
         return

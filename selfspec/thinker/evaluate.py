@@ -27,7 +27,13 @@ that directly, for our trained thinker or any model a user loads:
      answer; at each point an unbounded longest-match `SuffixProposer` over
      close tokens + draft proposes from the context close tokens + answer so far; the
      tokens it gets right count as predicted; the verifier then commits them plus one
-     token of the model's own (not counted), and the walk goes on from there.
+     token of the model's own (not counted), and the walk goes on from there. A draft
+     that rambles past the answer's length offers more to match, so the same measure
+     is also taken with the draft cut to the final answer's length.
+
+   Fork point 0.0 (no CoT at all) is the baseline the curve must rise from, and an
+   *unrelated-answer control* (another item's reference answer used as the draft)
+   shows how much the families' answer templates alone make predictable.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ from selfspec.spec.suffix_proposer import SuffixConfig, SuffixProposer
 from selfspec.thinker.tasks import TaskItem, check_many, format_training_text
 from selfspec.thinker.train import DataSpec
 
-FORK_POINTS: tuple[float, ...] = (0.10, 0.25, 0.50, 0.75, 0.90)
+FORK_POINTS: tuple[float, ...] = (0.0, 0.10, 0.25, 0.50, 0.75, 0.90)
+"""0.0 forks before any CoT token: the no-thinking baseline the other points must beat."""
 HELDOUT_SEED = 1000
 """Held-out stream; training uses `selfspec.thinker.train.TRAIN_SEED` (0)."""
 
@@ -249,7 +256,7 @@ def run_eval(
         "seconds": {"natural_runs": round(generate_seconds, 2), "drafts": round(draft_seconds, 2)},
         "families": _family_summaries(records, references),
         "overall": _summary(records, [ref for refs in references.values() for ref in refs]),
-        "convergence": _convergence_table(convergence_rows, config.fork_points),
+        "convergence": convergence_table(convergence_rows, config.fork_points, config.draft_cap),
         "template_control": template_control(tokenizer, fmt, items),
         "checks": {},
         "records": records,
@@ -286,7 +293,7 @@ def _convergence(
     contexts: list[list[int]] = []
     for run in chosen:
         for point in config.fork_points:
-            cut = max(1, round(point * run.cot_len))
+            cut = round(point * run.cot_len)
             jobs.append((run, point, cut))
             contexts.append(run.prompt_ids + run.output_ids[: run.cot_offset + cut] + list(fmt.close_ids))
     if not jobs:
@@ -300,6 +307,9 @@ def _convergence(
         final = run.answer_ids
         prefix = common_prefix_len(draft, final)
         predicted = suffix_predicted_tokens(final, draft, fmt.close_ids)
+        # A draft that rambles past the answer's length offers more n-grams to match:
+        # the capped variant sees only as many draft tokens as the final answer has.
+        predicted_capped = suffix_predicted_tokens(final, draft[: len(final)], fmt.close_ids)
         rows.append(
             {
                 "uid": run.item.uid,
@@ -312,6 +322,7 @@ def _convergence(
                 "prefix_share": round(prefix / len(final), 4),
                 "predicted_tokens": predicted,
                 "predictable_share": round(predicted / len(final), 4),
+                "predictable_share_capped": round(predicted_capped / len(final), 4),
                 "draft_passed": verdict.passed,
             }
         )
@@ -388,7 +399,7 @@ def _family_summaries(records: Sequence[Mapping[str, Any]], references: Mapping[
     return {family: _summary(rows, references.get(family, [])) for family, rows in by_family.items()}
 
 
-def _convergence_table(rows: Sequence[Mapping[str, Any]], points: Sequence[float]) -> dict[str, Any]:
+def convergence_table(rows: Sequence[Mapping[str, Any]], points: Sequence[float], cap: int | None = None) -> dict[str, Any]:
     """Per fork point, overall and per family: mean prefix / predictable shares and draft pass rate."""
 
     def aggregate(selected: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -397,6 +408,8 @@ def _convergence_table(rows: Sequence[Mapping[str, Any]], points: Sequence[float
             "common_prefix_tokens": _mean([r["common_prefix"] for r in selected]),
             "prefix_share": _mean([r["prefix_share"] for r in selected]),
             "predictable_share": _mean([r["predictable_share"] for r in selected]),
+            "predictable_share_capped": _mean([r["predictable_share_capped"] for r in selected if "predictable_share_capped" in r]),
+            "drafts_at_cap": sum(r["draft_tokens"] >= cap for r in selected) if cap else None,
             "draft_pass_rate": _mean([float(r["draft_passed"]) for r in selected]),
             "draft_tokens": _mean([r["draft_tokens"] for r in selected]),
         }
@@ -485,21 +498,23 @@ def render_markdown(results: dict[str, Any], training: Mapping[str, Any] | None 
         "final-answer tokens that longest-match suffix lookup over the draft proposes and greedy verification accepts "
         "(each verification also commits one token of the model's own, not counted).",
         "",
-        "| CoT seen | drafts | common prefix (tokens) | prefix share | predictable share | drafts passing the checker |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| CoT seen | drafts (at the cap) | draft tokens | common prefix (tokens) | prefix share | predictable share | predictable, draft cut to the answer's length | drafts passing the checker |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for key, s in conv["overall"].items():
         if s["drafts"]:
+            at_cap = s.get("drafts_at_cap")
             lines.append(
-                f"| {float(key):.0%} | {s['drafts']} | {s['common_prefix_tokens']:.1f} | {_pct(s['prefix_share'])} | "
-                f"{_pct(s['predictable_share'])} | {_pct(s['draft_pass_rate'])} |"
+                f"| {float(key):.0%} | {s['drafts']} ({'–' if at_cap is None else at_cap}) | {s['draft_tokens']:.0f} | "
+                f"{s['common_prefix_tokens']:.1f} | {_pct(s['prefix_share'])} | {_pct(s['predictable_share'])} | "
+                f"{_pct(s.get('predictable_share_capped'))} | {_pct(s['draft_pass_rate'])} |"
             )
     control = results.get("template_control")
     if control:
         c = control["overall"]
         lines.append(
-            f"| control: an unrelated answer of the same family as the draft | {c['pairs']} | – | {_pct(c['prefix_share'])} | "
-            f"{_pct(c['predictable_share'])} | – |"
+            f"| control: an unrelated answer of the same family as the draft | {c['pairs']} | – | – | {_pct(c['prefix_share'])} | "
+            f"{_pct(c['predictable_share'])} | – | – |"
         )
     header = " | ".join(f"{float(k):.0%}" for k in conv["overall"])
     lines += ["", "Predictable share per family (last column: the unrelated-answer control):", "",
@@ -619,6 +634,7 @@ __all__ = [
     "HELDOUT_SEED",
     "check_targets",
     "common_prefix_len",
+    "convergence_table",
     "distinct_ngram_ratio",
     "has_loop",
     "longest_periodic_span",

@@ -1,0 +1,341 @@
+"""Thinker training and eval at toy scale: tiny random models, tiny task knobs, CPU.
+
+What must hold whatever the scale: the tokenization uses the engine's boundaries,
+batches cover the data deterministically, a CLI training run writes an adapter that
+the registry finds by name and merges exactly, and the eval's measures (common
+prefix, suffix-predictable tokens, loop detector) count what they claim.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from selfspec.models import load_model, registry
+from selfspec.models.thinking import ThinkingFormat, build_prompt_text
+from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer
+from selfspec.thinker.cli import thinker_app
+from selfspec.thinker.evaluate import (
+    EvalConfig,
+    _convergence,
+    _Run,
+    check_targets,
+    common_prefix_len,
+    convergence_table,
+    distinct_ngram_ratio,
+    has_loop,
+    longest_periodic_span,
+    run_eval,
+    strip_answer,
+    suffix_predicted_tokens,
+    template_control,
+    write_outputs,
+)
+from selfspec.thinker.tasks import format_training_text
+from selfspec.thinker.train import (
+    IGNORE_INDEX,
+    DataSpec,
+    LoraSpec,
+    TrainConfig,
+    collate,
+    encode_example,
+    fit_steps,
+    lr_at,
+    plan_batches,
+    train_thinker,
+)
+
+TOY_KNOBS = {
+    "class_synthesis": {"min_methods": 1, "max_methods": 1, "min_answer_tokens": 1},
+    "record_extraction": {"min_records": 1, "max_records": 2, "min_columns": 2, "max_columns": 2, "min_answer_tokens": 1},
+    "route_finding": {"min_hops": 2, "max_hops": 2, "min_answer_tokens": 1},
+    "arithmetic_search": {
+        "min_puzzles": 1,
+        "max_puzzles": 1,
+        "min_numbers": 3,
+        "max_numbers": 3,
+        "min_steps": 2,
+        "max_steps": 2,
+        "min_answer_tokens": 1,
+    },
+}
+TOY_FAMILIES = ("route_finding", "arithmetic_search")
+PACKAGED = registry.PACKAGED_ADAPTERS_DIR / "smollm2-thinker"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "base", "llama")
+
+
+def _toy_data(n: int = 2, seed: int = 0) -> DataSpec:
+    return DataSpec(families=TOY_FAMILIES, seed=seed, items_per_family=n, knobs=TOY_KNOBS, version="toy")
+
+
+# --- data -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["prompted", "native"])
+def test_example_uses_the_engines_prompt_and_close_tokens(tokenizer, kind):
+    fmt = ThinkingFormat.detect(tokenizer, kind=kind)
+    item = _toy_data(1).items()[0]
+    example = encode_example(tokenizer, fmt, item)
+    messages, target = format_training_text(item)
+    prompt_text, _ = build_prompt_text(tokenizer, messages, fmt, enable_thinking=True)
+    prompt_ids = list(tokenizer.encode(prompt_text, add_special_tokens=False))
+    assert list(example.input_ids[: example.prompt_len]) == prompt_ids
+    assert example.input_ids[-1] == tokenizer.eos_token_id
+    whole = tokenizer.decode(list(example.input_ids))
+    assert whole == prompt_text + (target[len("<think>\n"):] if kind == "prompted" else target) + tokenizer.eos_token
+    cot_ids = tokenizer.encode(item.cot, add_special_tokens=False)
+    close_at = len(example) - 1 - len(tokenizer.encode(item.answer, add_special_tokens=False)) - len(fmt.close_ids)
+    assert list(example.input_ids[close_at : close_at + len(fmt.close_ids)]) == list(fmt.close_ids)
+    assert list(example.input_ids[close_at - len(cot_ids) : close_at]) == cot_ids
+
+
+def test_collate_labels_are_next_tokens_of_the_target_only():
+    from selfspec.thinker.train import Example
+
+    examples = [Example((5, 6, 7, 8, 9), 2, "f"), Example((1, 2, 3), 1, "f")]
+    input_ids, labels = collate(examples, pad_id=0)
+    assert input_ids.tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
+    assert labels.tolist() == [
+        [IGNORE_INDEX, 7, 8, 9, IGNORE_INDEX],
+        [2, 3, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX],
+    ]
+
+
+def test_batches_cover_every_example_once_within_budget_and_reshuffle():
+    lengths = [((i * 37) % 90) + 10 for i in range(200)]
+    first = plan_batches(lengths, 400, seed=3, epoch=0)
+    assert sorted(i for batch in first for i in batch) == list(range(200))
+    assert all(len(batch) * max(lengths[i] for i in batch) <= 400 for batch in first)
+    assert first == plan_batches(lengths, 400, seed=3, epoch=0)
+    assert first != plan_batches(lengths, 400, seed=3, epoch=1)
+
+
+def test_schedule_warms_up_peaks_and_decays_to_the_floor():
+    assert lr_at(0, 100, 10, 1.0, 0.1) == pytest.approx(0.1)
+    assert lr_at(9, 100, 10, 1.0, 0.1) == pytest.approx(1.0)
+    assert lr_at(10, 100, 10, 1.0, 0.1) == pytest.approx(1.0)
+    assert lr_at(100, 100, 10, 1.0, 0.1) == pytest.approx(0.1)
+    values = [lr_at(s, 100, 10, 1.0, 0.1) for s in range(10, 101)]
+    assert all(b <= a for a, b in zip(values, values[1:]))
+
+
+def test_fit_steps_takes_the_leading_steps_that_fit():
+    assert fit_steps([100, 100, 100, 100], tokens_per_s=100.0, seconds=2.5) == 2
+    assert fit_steps([100, 100], tokens_per_s=100.0, seconds=10.0) == 2
+    assert fit_steps([100], tokens_per_s=1.0, seconds=1.0) == 1  # always at least one
+
+
+# --- training ---------------------------------------------------------------------------------------
+
+
+def _toy_config(**overrides) -> TrainConfig:
+    settings = dict(
+        base="tiny",
+        data=_toy_data(2),
+        heldout_items_per_family=1,
+        max_len=4096,
+        tokens_per_batch=8192,
+        epochs=4,
+        lr=1e-2,
+        warmup_ratio=0.0,
+        lora=LoraSpec(r=4, alpha=8),
+        log_every=1,
+    )
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def test_toy_training_lowers_the_loss_and_is_deterministic(tokenizer):
+    def run():
+        model = tiny_model("llama", len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return train_thinker(_toy_config(), model=model, tokenizer=tokenizer, progress=False, log=lambda _: None)
+
+    peft_a, result_a = run()
+    peft_b, _ = run()
+    losses = [entry["loss"] for entry in result_a.loss_log]
+    assert result_a.steps == result_a.planned_steps == len(losses) > 2
+    assert losses[-1] < losses[0]
+    state_a = {k: v for k, v in peft_a.state_dict().items() if "lora" in k}
+    state_b = {k: v for k, v in peft_b.state_dict().items() if "lora" in k}
+    assert state_a and all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    assert any(v.abs().sum() > 0 for k, v in state_a.items() if "lora_B" in k)  # B starts at zero
+
+
+@pytest.fixture(scope="module")
+def cli_adapter(tiny_dir, tmp_path_factory):
+    """A toy adapter written by `selfspec thinker train` (the CLI, end to end)."""
+    out = tmp_path_factory.mktemp("adapters") / "toy-thinker"
+    result = CliRunner().invoke(
+        thinker_app,
+        [
+            "train", "--out", str(out), "--base", str(tiny_dir), "--families", ",".join(TOY_FAMILIES),
+            "--items-per-family", "2", "--knobs", json.dumps(TOY_KNOBS), "--data-version", "toy",
+            "--epochs", "2", "--max-len", "4096", "--tokens-per-batch", "8192", "--lora-r", "4", "--lora-alpha", "8",
+            "--heldout-items-per-family", "1", "--lr", "1e-2", "--device", "cpu", "--no-progress", "--time-budget-s", "600",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_cli_training_writes_a_complete_adapter(cli_adapter, tiny_dir):
+    names = {f.name for f in cli_adapter.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "selfspec_adapter.json", "TRAINING.md", "loss_log.json"} <= names
+    manifest = json.loads((cli_adapter / "selfspec_adapter.json").read_text())
+    assert manifest["base"] == str(tiny_dir) and manifest["data_version"] == "toy"
+    assert manifest["command"].startswith("selfspec thinker train --out")
+    assert manifest["training"]["steps"] == manifest["training"]["planned_steps"] >= 1
+    training = (cli_adapter / "TRAINING.md").read_text()
+    assert manifest["command"] in training and "--max-steps" in training and "toy" in training
+
+
+def test_adapter_loads_by_name_merged(cli_adapter, tiny_dir, tmp_path, monkeypatch):
+    from peft import PeftModel
+
+    root = tmp_path / "adapters"
+    (root / "toy-thinker").mkdir(parents=True)
+    for file in cli_adapter.iterdir():
+        (root / "toy-thinker" / file.name).write_bytes(file.read_bytes())
+    monkeypatch.setattr(registry, "PACKAGED_ADAPTERS_DIR", root)
+    loaded = load_model("toy-thinker", cache_dir=tmp_path)
+    assert loaded.name == "toy-thinker" and "LoRA adapter" in loaded.source
+    assert not any("lora" in name for name, _ in loaded.model.named_parameters())
+    ids = torch.tensor([[3, 50, 60, 70, 80, 90]])
+    unmerged = PeftModel.from_pretrained(load_model(str(tiny_dir)).model, str(cli_adapter)).eval()
+    base = load_model(str(tiny_dir)).model
+    with torch.no_grad():
+        merged_logits = loaded.model(ids).logits
+        assert torch.allclose(merged_logits, unmerged(ids).logits, atol=1e-4)
+        assert not torch.allclose(merged_logits, base(ids).logits, atol=1e-3)
+
+
+# --- eval measures ----------------------------------------------------------------------------------
+
+
+def test_common_prefix_and_suffix_predicted_tokens():
+    final = list(range(10, 30))
+    assert common_prefix_len(final, final[:7] + [0]) == 7
+    assert suffix_predicted_tokens(final, final, anchor=[1, 2]) == len(final)
+    assert suffix_predicted_tokens(final, [], anchor=[1, 2]) == 0
+    draft = list(final)
+    draft[5] = 99
+    # 5 tokens of prefix; 15 is then the model's own token; "15" is not in the draft, so
+    # 16 is the model's too; from "16" on the draft predicts 17..29 (13 tokens).
+    assert suffix_predicted_tokens(final, draft, anchor=[1, 2]) == 5 + 13
+
+
+def test_loop_detector_flags_repeated_blocks_only():
+    block = [7, 8, 9, 10, 11, 12, 13, 14]
+    looping = list(range(100, 160)) + block * 10
+    period, span = longest_periodic_span(looping)
+    assert period == len(block) and span == len(block) * 10 and has_loop(looping)
+    assert not has_loop(list(range(500)))
+    assert not has_loop(list(range(100)) + block * 2)  # two copies are not a loop
+    assert distinct_ngram_ratio(block * 10) < distinct_ngram_ratio(list(range(80))) == 1.0
+
+
+def test_strip_answer_drops_leading_whitespace_and_eos(tokenizer):
+    ids = tokenizer.encode("\n\nFrom A take B", add_special_tokens=False) + [tokenizer.eos_token_id]
+    stripped = strip_answer(ids, tokenizer, frozenset({tokenizer.eos_token_id}))
+    assert tokenizer.decode(stripped) == "From A take B"
+
+
+# --- eval pipeline ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tokenizer):
+    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.llm import LLM
+
+    model = tiny_model("llama", len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return LLM.from_model(model, tokenizer, engine_config=EngineConfig(num_slots=8, max_len=4096), name="tiny")
+
+
+def test_eval_pipeline_runs_end_to_end(tiny_llm, tmp_path):
+    config = EvalConfig(data=_toy_data(1, seed=1000), cot_cap=12, answer_cap=6, draft_cap=4)
+    results = run_eval(tiny_llm, config, progress=False, log=lambda _: None)
+    assert results["overall"]["items"] == 2 and set(results["families"]) == set(TOY_FAMILIES)
+    for record in results["records"]:
+        # a random model never stops by itself under these caps: each run counts as a loop
+        assert record["thinking_closed_by"] == "cap" and record["loop"] and not record["self_stopped"]
+    assert results["overall"]["reference_loops"] == 0
+    paths = write_outputs(results, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| route_finding | 1 |" in report and "no (2)" in report
+    assert json.loads((tmp_path / "results.json").read_text())["checks"] == check_targets(results)
+    assert len(paths) == 2  # no convergence rows: no PNG
+
+
+def test_convergence_forks_drafts_from_the_cot(tiny_llm, tmp_path):
+    fmt, tokenizer = tiny_llm.thinking_format, tiny_llm.tokenizer
+    item = _toy_data(1, seed=1000).items()[0]
+    prompt_ids = tiny_llm.encode_prompt(format_training_text(item)[0], thinking=True)
+    cot = tokenizer.encode(item.cot, add_special_tokens=False)[:40]
+    answer = tokenizer.encode(item.answer, add_special_tokens=False)[:12]
+    output = list(fmt.start_ids) + cot + list(fmt.close_ids) + answer
+    record = {"self_stopped": True, "family": item.family, "uid": item.uid}
+    run = _Run(item, prompt_ids, output, len(fmt.start_ids), len(cot), answer, record)
+    config = EvalConfig(data=_toy_data(1, seed=1000), draft_cap=5, fork_points=(0.0, 0.25, 0.5))
+    rows = _convergence(tiny_llm, [run], config, tiny_llm.engine.eos_token_ids, progress=False)
+    assert [(r["point"], r["cot_tokens_seen"]) for r in rows] == [(0.0, 0), (0.25, 10), (0.5, 20)]
+    for row in rows:
+        assert 0 <= row["common_prefix"] <= row["predicted_tokens"] <= row["final_tokens"] == len(answer)
+        assert row["predictable_share_capped"] <= row["predictable_share"]
+        assert row["draft_tokens"] <= 5
+    table = convergence_table(rows, config.fork_points, cap=5)
+    assert table["items"] == 1 and table["overall"]["0.25"]["drafts"] == 1
+    assert table["overall"]["0.50"]["drafts_at_cap"] == int(rows[2]["draft_tokens"] >= 5)
+
+
+def test_template_control_pairs_answers_of_the_same_family(tokenizer):
+    fmt = ThinkingFormat.detect(tokenizer)
+    items = _toy_data(2, seed=1000).items()
+    control = template_control(tokenizer, fmt, items)
+    assert control["overall"]["pairs"] == 4 and set(control["families"]) == set(TOY_FAMILIES)
+    for family in control["families"].values():
+        assert family["pairs"] == 2 and 0.0 <= family["prefix_share"] <= family["predictable_share"] < 1.0
+
+
+# --- the packaged adapter ---------------------------------------------------------------------------
+
+
+def test_packaged_thinker_adapter_is_complete_and_small():
+    assert PACKAGED.is_dir(), "selfspec/adapters/smollm2-thinker is missing"
+    entry = registry.get_model_entry("smollm2-thinker")
+    assert entry is not None and entry.base == "smollm2" and entry.adapter_dir == PACKAGED
+    size = sum(f.stat().st_size for f in PACKAGED.iterdir() if f.is_file())
+    assert size <= 20_000_000
+    manifest = json.loads((PACKAGED / "selfspec_adapter.json").read_text())
+    assert manifest["data_version"] and manifest["command"].startswith("selfspec thinker train")
+    assert (PACKAGED / "TRAINING.md").is_file() and (PACKAGED / "adapter_config.json").is_file()
+
+
+@pytest.mark.model
+def test_packaged_thinker_loads_by_name_and_thinks():
+    pytest.importorskip("peft")
+    from selfspec.llm import LLM
+    from selfspec.models import MissingModelPackageError
+    from selfspec.engine.sampling import SamplingParams
+
+    try:
+        llm = LLM(model="smollm2-thinker")
+    except MissingModelPackageError as error:
+        pytest.skip(str(error))
+    assert llm.model_name == "smollm2-thinker" and llm.thinking_format.kind == "prompted"
+    item = _toy_data(1, seed=1000).items()[0]
+    out = llm.generate([format_training_text(item)[0]], SamplingParams(max_tokens=6, temperature=0.0), thinking=True)[0]
+    assert len(out.token_ids) == 6 and out.reasoning_text
