@@ -68,9 +68,16 @@ class LLM:
     ) -> None:
         from selfspec.models import load_model
 
+        from selfspec.models.registry import get_model_entry
+
         loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
+        if thinking_format is None and think_start is None and think_end is None:
+            thinking_format = loaded.thinking  # honours a registry entry's marker overrides
         self._init(loaded.model, loaded.tokenizer, engine_config, thinking_format, think_start, think_end)
         self.model_name = loaded.name
+        entry = get_model_entry(loaded.name) if isinstance(model, str) else None
+        # A packaged adapter was trained to think (e.g. smollm2-thinker): think unless told not to.
+        self.thinks_by_default = entry is not None and entry.adapter_dir is not None
         if draft is not None:
             self.set_draft(draft, device=device, dtype=dtype, cache_dir=cache_dir)
 
@@ -141,7 +148,7 @@ class LLM:
         if fmt is None or fmt.kind == "none":
             return False
         if thinking is None:
-            return fmt.kind == "native"
+            return fmt.kind == "native" or getattr(self, "thinks_by_default", False)
         return thinking
 
     # ------------------------------------------------------------------ generation
