@@ -119,8 +119,11 @@ def generate(
 
 @app.command()
 def demo(
-    model: str = typer.Option("smollm2", "--model", "-m", help="Model to run the demo on."),
-    prompt: str = typer.Option("Write a Python function is_prime(n) that returns True when n is prime.", help="The user message."),
+    model: str = typer.Option("smollm2-thinker", "--model", "-m", help="Model to run the demo on (default: SmolLM2-135M-Instruct + the thinker adapter shipped here)."),
+    prompt: Optional[str] = typer.Option(None, help="The user message (default: a held-out record-extraction task)."),
+    cot_cap: int = typer.Option(1200, help="CoT cap."),
+    answer_cap: int = typer.Option(600, help="Continuation cap."),
+    draft_budget: int = typer.Option(300, help="CoT length at which the draft is forked."),
 ) -> None:
     """Run the main job on the default model: the SSR demo when available, else plain generation."""
     try:
@@ -128,9 +131,9 @@ def demo(
     except ImportError:
         run_demo = None
     if run_demo is not None:
-        run_demo(model=model, prompt=prompt, console=console)
+        run_demo(model=model, prompt=prompt, console=console, cot_cap=cot_cap, answer_cap=answer_cap, draft_budget=draft_budget)
         return
-    generate(prompt=prompt, model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
+    generate(prompt=prompt or "Write is_prime(n) in Python.", model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
              think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True, ssr=False,
              draft_budget=[], draft_interval=None, max_draft=300, reuse="prefix+suffix", suffix_decoding=False, prompt_lookup=False)
 
