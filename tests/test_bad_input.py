@@ -72,3 +72,16 @@ def test_generation_stops_when_the_context_is_full(llm):
     (r,) = llm.generate("The quick brown fox", SamplingParams(max_tokens=500, ignore_eos=True))
     assert r.finish_reason == "length" and r.finish_detail == "context full"
     assert len(r.prompt_token_ids) + len(r.token_ids) == 64
+
+
+def test_slots_sized_from_free_memory():
+    from selfspec.engine.kv_cache import SlotKVCache
+    from selfspec.engine.llm_engine import Engine
+
+    model = tiny_model("llama", 64, seed=1)
+    engine = Engine(model, None, EngineConfig(num_slots=0, max_len=128, memory_fraction=0.01), eos_token_ids=[])
+    assert 1 <= engine.config.num_slots <= 256
+    assert engine.runner.cache.num_slots == engine.config.num_slots
+    assert SlotKVCache.bytes_per_slot(model.config, 128, model.dtype) == 2 * 2 * 2 * 128 * 16 * 4  # layers, kv heads, head dim 16
+    with pytest.raises(ValueError, match="num_slots"):
+        EngineConfig(num_slots=-1).validate()

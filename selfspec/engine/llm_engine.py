@@ -38,7 +38,8 @@ class PromptTooLongError(ValueError):
 class EngineConfig:
     """Sizing and batching knobs. Defaults suit a small model on a CPU."""
 
-    num_slots: int = 8
+    num_slots: int = 8  # 0: as many as `memory_fraction` of free memory holds (at most 256)
+    memory_fraction: float = 0.5
     max_len: int | None = None  # None: min(model context, 4096)
     prefill_chunk: int = 512
     max_prefill_tokens_per_step: int = 1024
@@ -47,8 +48,10 @@ class EngineConfig:
     max_proposal_tokens: int = 64  # long drafts are verified in chunks of this size
 
     def validate(self) -> None:
-        if self.num_slots < 1:
-            raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.num_slots < 0:
+            raise ValueError(f"num_slots must be >= 1 (or 0 for 'from free memory'), got {self.num_slots}")
+        if not 0.0 < self.memory_fraction <= 0.95:
+            raise ValueError(f"memory_fraction must be in (0, 0.95], got {self.memory_fraction}")
         if self.max_len is not None and self.max_len < 2:
             raise ValueError(f"max_len must be >= 2, got {self.max_len}")
         if self.prefill_chunk < 1 or self.max_prefill_tokens_per_step < 1:
@@ -85,6 +88,8 @@ class Engine:
         if max_len > model_ctx:
             raise ValueError(f"max_len={max_len} exceeds the model's context of {model_ctx} positions")
         device = next(model.parameters()).device
+        if self.config.num_slots == 0:
+            self.config.num_slots = slots_from_free_memory(model, max_len, device, self.config.memory_fraction)
         padding = self.config.max_padding_ratio
         if padding is None:
             padding = 16.0 if device.type == "cuda" else 1.5
@@ -353,6 +358,36 @@ class Engine:
         window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - longest - 8) :]
         text = self.tokenizer.decode(window, skip_special_tokens=False)
         return any(s in text for s in seq.params.stop)
+
+
+def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: float, cap: int = 256) -> int:
+    """How many KV slots of `max_len` fit in `fraction` of the device's free memory."""
+    from selfspec.engine.kv_cache import SlotKVCache
+
+    dtype = next(model.parameters()).dtype
+    per_slot = SlotKVCache.bytes_per_slot(model.config, max_len, dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        free = _available_host_memory()
+    slots = int(free * fraction // per_slot) - 1  # one slot's worth stays for the scratch row
+    if slots < 1:
+        raise ValueError(
+            f"not even one KV slot of {max_len} positions ({per_slot / 2**20:.0f} MiB) fits in {fraction:.0%} "
+            f"of free memory ({free / 2**20:.0f} MiB); lower max_len"
+        )
+    return min(slots, cap)
+
+
+def _available_host_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 * 2**30
 
 
 def _model_context_length(config) -> int:
