@@ -18,15 +18,15 @@ from selfspec.ssr.config import SSRConfig
 
 
 def default_demo_prompt() -> str:
-    """A held-out record-extraction task of the thinker's own generator (never trained on)."""
+    """A held-out class-synthesis task of the thinker's own generator (never trained on)."""
     import json
     from pathlib import Path
 
     from selfspec.thinker.tasks import generate
 
     manifest = Path(__file__).resolve().parent.parent / "adapters" / "smollm2-thinker" / "selfspec_adapter.json"
-    knobs = json.loads(manifest.read_text())["train_config"]["data"]["knobs"]["record_extraction"]
-    return generate("record_extraction", 1000, 3, **knobs).prompt
+    knobs = json.loads(manifest.read_text())["train_config"]["data"]["knobs"]["class_synthesis"]
+    return generate("class_synthesis", 1000, 3, **knobs).prompt
 
 
 def run_demo(
