@@ -1,0 +1,29 @@
+"""CoSpec: speculative decoding where a learned arbitrator may keep draft tokens (lossy).
+
+`CoSpecConfig(arbitrator=Arbitrator.from_draft(llm.draft_runner.model))` is passed as `spec=`
+to `LLM.generate`; `training` holds the SFT and PPO steps that train the arbitrator.
+"""
+
+from selfspec.cospec.arbitrator import (
+    ArbitrationState,
+    Arbitrator,
+    ArbitratorBatch,
+    LoraSettings,
+    build_batch,
+    hybrid_mask,
+    hybrid_positions,
+)
+from selfspec.cospec.policy import CoSpecConfig, CoSpecPolicy, Decision
+
+__all__ = [
+    "ArbitrationState",
+    "Arbitrator",
+    "ArbitratorBatch",
+    "CoSpecConfig",
+    "CoSpecPolicy",
+    "Decision",
+    "LoraSettings",
+    "build_batch",
+    "hybrid_mask",
+    "hybrid_positions",
+]

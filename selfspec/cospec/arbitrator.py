@@ -1,0 +1,239 @@
+"""CoSpec's arbitrator π(keep draft | prompt, verified prefix, draft block, target tokens).
+
+At a mismatch between the draft and the target, the arbitrator decides whether the draft's
+token is kept instead of the target's. It is the draft backbone with LoRA adapters (r 16,
+α 32, dropout 0.05, on the attention projections) and a binary head on one "decision"
+position; it reads the draft block and the target's verification tokens *together* in one
+forward, which is what the hybrid attention mask below makes possible.
+
+Input layout of one state (L = P + D + T + 1 tokens):
+
+    [ prefix: prompt + verified prefix (P) | draft block (D) | target block (T) | decision (1) ]
+
+* prefix   — the committed context plus the draft tokens accepted before the mismatch;
+* draft    — the draft's tokens from the mismatch on: d_j .. d_{K-1} (d_j ≠ t_j);
+* target   — the target's greedy verification tokens at the same positions, t_j .. t_K
+             (t_K is the bonus position, so T = D + 1 when built by the policy);
+* decision — one extra query token (the mismatched draft token d_j fed again) whose final
+             hidden state feeds the binary head.
+
+The exact mask rule implemented by `hybrid_mask` (True = query i may attend to key j):
+
+* prefix query i (i < P):            j <= i                                  (causal)
+* draft query i (P <= i < P+D):      j < P  or  P <= j <= i                  (prefix + own causal past)
+* target query i (P+D <= i < P+D+T): j < P  or  P+D <= j <= i                (prefix + own causal past)
+* decision query (i = L-1):          every j                                 (sees both blocks)
+
+The draft and target blocks never see each other: they are two alternative continuations
+of the same prefix, so both start at position P (`position_ids`: prefix 0..P-1, draft
+P..P+D-1, target P..P+T-1, decision P + max(D, T)). Only the decision position compares them.
+This is our reading of the paper's "hybrid attention mask" (causal within each stream, the
+two streams parallel over a shared prefix, a summary position that attends to everything).
+
+The backbone is a deep copy of the draft's decoder: LoRA is injected by replacing modules,
+and a shallow draft (`shallow_draft`) shares its modules with the target, so injecting in
+place would change the target model.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass(frozen=True)
+class ArbitrationState:
+    """One mismatch: what π conditions on (token ids only)."""
+
+    prefix: tuple[int, ...]  # prompt + verified prefix (already cut to the arbitrator's window)
+    draft_block: tuple[int, ...]  # d_j ..: the first token is the mismatched draft token
+    target_block: tuple[int, ...]  # t_j ..: the first token is the target's token at the mismatch
+
+    def __post_init__(self) -> None:
+        if not self.prefix or not self.draft_block or not self.target_block:
+            raise ValueError("an arbitration state needs a non-empty prefix, draft block and target block")
+
+    @property
+    def length(self) -> int:
+        return len(self.prefix) + len(self.draft_block) + len(self.target_block) + 1
+
+
+class LoraSettings(BaseModel):
+    """The paper's adapter: r 16, α 32, dropout 0.05."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def hybrid_mask(prefix_len: int, draft_len: int, target_len: int) -> torch.Tensor:
+    """The boolean [L, L] mask of the module docstring (True = may attend)."""
+    p, d, t = prefix_len, draft_len, target_len
+    length = p + d + t + 1
+    idx = torch.arange(length)
+    q, k = idx.view(-1, 1), idx.view(1, -1)
+    causal = k <= q
+    in_prefix_k = k < p
+    draft_q = (q >= p) & (q < p + d)
+    draft_k = (k >= p) & (k < p + d)
+    target_q = (q >= p + d) & (q < p + d + t)
+    target_k = (k >= p + d) & (k < p + d + t)
+    mask = (q < p) & causal
+    mask |= draft_q & (in_prefix_k | (draft_k & causal))
+    mask |= target_q & (in_prefix_k | (target_k & causal))
+    mask |= q == length - 1
+    return mask
+
+
+def hybrid_positions(prefix_len: int, draft_len: int, target_len: int) -> torch.Tensor:
+    """Position ids [L]: both blocks continue the prefix from position P."""
+    p = prefix_len
+    return torch.cat(
+        [
+            torch.arange(p),
+            torch.arange(p, p + draft_len),
+            torch.arange(p, p + target_len),
+            torch.tensor([p + max(draft_len, target_len)]),
+        ]
+    )
+
+
+@dataclass
+class ArbitratorBatch:
+    """Right-padded model inputs for a list of states."""
+
+    input_ids: torch.Tensor  # [B, L]
+    position_ids: torch.Tensor  # [B, L]
+    allowed: torch.Tensor  # [B, L, L] bool
+    decision_index: torch.Tensor  # [B]
+
+
+def build_batch(states: Sequence[ArbitrationState], device: torch.device | str = "cpu") -> ArbitratorBatch:
+    """Stack states; padding keys are invisible and padding queries see only themselves."""
+    if not states:
+        raise ValueError("no states to batch")
+    width = max(s.length for s in states)
+    batch = len(states)
+    input_ids = torch.zeros((batch, width), dtype=torch.long)
+    position_ids = torch.zeros((batch, width), dtype=torch.long)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)  # padding rows: self only (finite)
+    decision = torch.empty(batch, dtype=torch.long)
+    for b, s in enumerate(states):
+        n = s.length
+        tokens = list(s.prefix) + list(s.draft_block) + list(s.target_block) + [s.draft_block[0]]
+        input_ids[b, :n] = torch.tensor(tokens, dtype=torch.long)
+        position_ids[b, :n] = hybrid_positions(len(s.prefix), len(s.draft_block), len(s.target_block))
+        allowed[b, :n, :n] = hybrid_mask(len(s.prefix), len(s.draft_block), len(s.target_block))
+        decision[b] = n - 1
+    return ArbitratorBatch(input_ids.to(device), position_ids.to(device), allowed.to(device), decision.to(device))
+
+
+class Arbitrator(torch.nn.Module):
+    """LoRA-adapted draft backbone + a linear binary head on the decision position."""
+
+    def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear, config) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.config = config
+        self.lora_settings = LoraSettings()
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layer_types = getattr(text, "layer_types", None) or []
+        window = getattr(text, "sliding_window", None)
+        self.sliding_window = window if "sliding_attention" in layer_types else None
+
+    @classmethod
+    def from_draft(cls, draft: torch.nn.Module, *, lora: LoraSettings | None = None, seed: int = 0) -> "Arbitrator":
+        """A fresh arbitrator on a copy of `draft`'s decoder (LoRA B = 0: starts at the backbone)."""
+        from peft import LoraConfig, inject_adapter_in_model
+
+        lora = lora or LoraSettings()
+        backbone = copy.deepcopy(draft.model)
+        backbone.requires_grad_(False)
+        hidden = int(draft.config.get_text_config().hidden_size if hasattr(draft.config, "get_text_config") else draft.config.hidden_size)
+        dtype = next(backbone.parameters()).dtype
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            config = LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
+            )
+            backbone = inject_adapter_in_model(config, backbone)
+            head = torch.nn.Linear(hidden, 1, dtype=dtype)
+        for name, param in backbone.named_parameters():
+            param.requires_grad_("lora_" in name)
+        model = cls(backbone, head, draft.config)
+        model.lora_settings = lora
+        model.eval()
+        return model
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the trained part only (adapters + head) and the LoRA settings.
+
+        The backbone is the draft's, so a checkpoint is small and is restored onto the same
+        draft with `Arbitrator.load`.
+        """
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        trained = {name: param.detach().cpu() for name, param in self.named_parameters() if param.requires_grad}
+        torch.save(trained, target / "arbitrator.pt")
+        (target / "lora.json").write_text(self.lora_settings.model_dump_json(indent=2))
+        return target
+
+    @classmethod
+    def load(cls, directory: str | Path, draft: torch.nn.Module) -> "Arbitrator":
+        """An arbitrator on `draft` with the adapters and head saved by `save`."""
+        source = Path(directory)
+        lora = LoraSettings.model_validate_json((source / "lora.json").read_text())
+        model = cls.from_draft(draft, lora=lora)
+        trained = torch.load(source / "arbitrator.pt", map_location=model.head.weight.device, weights_only=True)
+        expected = {name for name, param in model.named_parameters() if param.requires_grad}
+        if set(trained) != expected:
+            raise ValueError(f"checkpoint does not match this draft's arbitrator: {sorted(set(trained) ^ expected)[:5]}")
+        model.load_state_dict(trained, strict=False)
+        return model
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def forward(self, batch: ArbitratorBatch) -> torch.Tensor:
+        """Keep-draft logits [B] (pre-sigmoid; BCE and PPO work on these for stability)."""
+        hidden = self.hidden_states(batch)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return self.head(hidden[rows, batch.decision_index]).squeeze(-1).float()
+
+    def hidden_states(self, batch: ArbitratorBatch) -> torch.Tensor:
+        """The backbone's final hidden states [B, L, H] under the hybrid mask."""
+        dtype = self.head.weight.dtype
+        attention_mask = _additive(batch.allowed, dtype)
+        if self.sliding_window is not None:
+            distance = batch.position_ids.unsqueeze(-1) - batch.position_ids.unsqueeze(-2)
+            windowed = batch.allowed & (distance < self.sliding_window)
+            attention_mask = {"full_attention": attention_mask, "sliding_attention": _additive(windowed, dtype)}
+        out = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
+        return out.last_hidden_state  # already through the decoder's final norm
+
+    @torch.inference_mode()
+    def keep_probability(self, states: Sequence[ArbitrationState]) -> torch.Tensor:
+        """π(keep draft) in [0, 1] for each state, [B] float32."""
+        device = self.head.weight.device
+        return torch.sigmoid(self(build_batch(states, device)))
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, L, L] additive mask (0 / dtype-min), as the engine builds its own (eager-safe)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)

@@ -1,0 +1,159 @@
+"""CoSpec decoding: draft-model speculation whose verifier lets an arbitrator keep draft tokens.
+
+A round: the draft proposes K tokens (`DraftModelProposer`), the target verifies them in one
+forward (greedy target tokens t_0..t_K). Matching tokens are accepted as in SpS. At the first
+mismatch j the arbitrator is asked π(keep d_j | prefix + d_<j, d_j.., t_j..); the draft token
+is kept iff π >= threshold (λ = 0.6 in the paper), otherwise t_j is emitted and the round ends.
+
+How far a round continues past a kept token (our reading of the paper): the target's rows
+after position j were computed on the draft's path d_<=j, so once d_j is kept they *are* the
+target's verification of the rest of the block, and the block is checked on as usual:
+matches are accepted, and the round ends at the next mismatch with the target's token (or the
+bonus token after the last draft token). Only the first mismatch of a round is arbitrated by
+default, as the paper's state holds one mismatch per verification pass;
+`max_arbitrations_per_round` > 1 arbitrates later mismatches of the same block too.
+
+The output is lossy by design (it is no longer the target's greedy output whenever a draft
+token is kept): the policy reports `lossy: True` and counts kept tokens in `report()`.
+Only greedy decoding is supported (the paper's target tokens are greedy verification tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from selfspec.cospec.arbitrator import ArbitrationState, Arbitrator
+from selfspec.policies.thinking import ThinkingPolicy
+from selfspec.spec.proposal import Proposal
+from selfspec.spec.verifiers import VerifyResult
+
+if TYPE_CHECKING:
+    from selfspec.engine.llm_engine import Engine
+    from selfspec.engine.sequence import Sequence
+    from selfspec.llm import LLM
+    from selfspec.policies.thinking import ThinkingLimits
+
+
+@dataclass
+class Decision:
+    """One arbitrated mismatch (what the recorder receives; training reuses the states)."""
+
+    state: ArbitrationState
+    keep_probability: float | None  # None when no arbitrator ran (collection mode)
+    kept: bool
+
+
+class CoSpecConfig(BaseModel):
+    """CoSpec speculation: K draft tokens per round, arbitration at mismatches.
+
+    `arbitrator=None` is allowed only with threshold > 1 (nothing can be kept): that is
+    exact SpS that records the mismatch states, which is how SFT data is collected.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    num_speculative_tokens: int = Field(5, ge=1, le=64)
+    threshold: float = Field(0.6, ge=0.0)
+    max_arbitrations_per_round: int = Field(1, ge=1)
+    max_prefix_tokens: int = Field(512, ge=1)  # arbitrator window over prompt + verified prefix
+    arbitrator: Any = None  # an `Arbitrator`
+    recorder: Any = None  # optional callable(Decision), e.g. a list's append
+
+    def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool, params=None) -> "CoSpecPolicy":
+        from selfspec.engine.sampling import SamplingParams
+        from selfspec.spec.draft_model import DraftModelProposer
+
+        if getattr(llm, "draft_runner", None) is None:
+            raise ValueError("CoSpec needs a draft model: LLM(..., draft='layers:N' or a model)")
+        params = params or SamplingParams()
+        if not params.greedy:
+            raise ValueError("CoSpec arbitrates greedy verification tokens; use temperature 0")
+        if self.arbitrator is None and self.threshold <= 1.0:
+            raise ValueError("CoSpec needs an arbitrator unless threshold > 1 (collection mode)")
+        if self.arbitrator is not None and not isinstance(self.arbitrator, Arbitrator):
+            raise TypeError(f"arbitrator must be a selfspec.cospec.Arbitrator, got {type(self.arbitrator).__name__}")
+        proposer = DraftModelProposer(llm.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
+        return CoSpecPolicy(
+            llm.thinking_format,
+            limits,
+            thinking=thinking,
+            proposer=proposer,
+            arbitrator=self.arbitrator,
+            threshold=self.threshold,
+            max_arbitrations=self.max_arbitrations_per_round,
+            max_prefix_tokens=self.max_prefix_tokens,
+            recorder=self.recorder,
+        )
+
+
+class CoSpecPolicy(ThinkingPolicy):
+    """Thinking rules + draft proposals + arbitrated greedy verification."""
+
+    lossy = True
+
+    def __init__(
+        self,
+        fmt,
+        limits=None,
+        *,
+        thinking: bool,
+        proposer,
+        arbitrator: Arbitrator | None,
+        threshold: float,
+        max_arbitrations: int = 1,
+        max_prefix_tokens: int = 512,
+        recorder: Callable[[Decision], None] | None = None,
+    ) -> None:
+        super().__init__(fmt, limits, thinking=thinking, proposer=proposer)
+        self.arbitrator = arbitrator
+        self.threshold = threshold
+        self.max_arbitrations = max_arbitrations
+        self.max_prefix_tokens = max_prefix_tokens
+        self.recorder = recorder
+        self.arbitrations = 0
+        self.kept_draft_tokens = 0
+
+    def verify(
+        self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
+    ) -> VerifyResult | None:
+        targets = logits.argmax(dim=-1).tolist()  # the one host sync of exact greedy verification
+        draft = proposal.tokens
+        accepted = arbitrated = 0
+        while accepted < len(draft):
+            if draft[accepted] == targets[accepted]:
+                accepted += 1
+                continue
+            if arbitrated >= self.max_arbitrations or not self._keep(seq, draft, targets, accepted):
+                break
+            arbitrated += 1
+            accepted += 1
+        return VerifyResult(num_accepted=accepted, next_token=int(targets[accepted]))
+
+    def _keep(self, seq: "Sequence", draft: list[int], targets: list[int], j: int) -> bool:
+        context = seq.token_ids + draft[:j]  # the engine appends the proposal only after verify
+        state = ArbitrationState(
+            prefix=tuple(context[-self.max_prefix_tokens :]),
+            draft_block=tuple(draft[j:]),
+            target_block=tuple(targets[j:]),
+        )
+        self.arbitrations += 1
+        probability = None
+        if self.arbitrator is not None:
+            probability = float(self.arbitrator.keep_probability([state])[0])
+        kept = probability is not None and probability >= self.threshold
+        self.kept_draft_tokens += kept
+        if self.recorder is not None:
+            self.recorder(Decision(state, probability, kept))
+        return kept
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "lossy": True,
+            "cospec_threshold": self.threshold,
+            "arbitrations": self.arbitrations,
+            "kept_draft_tokens": self.kept_draft_tokens,
+        }
