@@ -88,9 +88,11 @@ class DraftPolicy(SequencePolicy):
         self.owner.on_draft_finished(self.draft)
 
     def _sync(self, seq: "Sequence") -> None:
-        self.draft.tokens = seq.output_ids
+        # Append only what is new: this runs on every draft step (per-token path).
+        have = len(self.draft.tokens)
+        self.draft.tokens.extend(seq.token_ids[seq.prompt_len + have :])
         if seq.record_probs:
-            self.draft.probs = seq.sampled_probs
+            self.draft.probs = seq.sampled_probs  # the engine's list, grown in place
 
 
 class SSRPolicy(ThinkingPolicy):
@@ -125,6 +127,7 @@ class SSRPolicy(ThinkingPolicy):
         self._last_len = 0
         self.prefix_cursor = 0
         self.prefix_start = 0
+        self.prefix_source: list[int] = []
         self._prefix_chunk = config.prefix_chunk_start
 
     # ------------------------------------------------------------------ proposing
@@ -154,7 +157,7 @@ class SSRPolicy(ThinkingPolicy):
     def _prefix_proposal(self, room: int) -> Proposal | None:
         """The verified draft's next run, from the cursor (chunked by the engine's cap)."""
         draft = self.verified_draft
-        source = draft.source
+        source = self.prefix_source
         start = self.prefix_cursor
         if start >= len(source):
             return None
@@ -172,7 +175,7 @@ class SSRPolicy(ThinkingPolicy):
         for i in range(start, start + n):
             if i < anchor or i - anchor >= len(draft.probs):
                 row = torch.zeros(vocab, device=draft.probs[0].device)
-                row[draft.source[i]] = 1.0
+                row[self.prefix_source[i]] = 1.0
             else:
                 row = draft.probs[i - anchor]
             rows.append(row)
@@ -199,7 +202,7 @@ class SSRPolicy(ThinkingPolicy):
 
     def _advance_prefix(self, accepted: int, new_tokens: list[int]) -> None:
         """Move the cursor over what the model agreed with; leave at the first disagreement."""
-        source = self.verified_draft.source
+        source = self.prefix_source
         self.prefix_cursor += accepted
         if accepted < self._last_len:
             self._leave_prefix()
@@ -230,6 +233,7 @@ class SSRPolicy(ThinkingPolicy):
             return
         newest = usable[-1]
         self.verified_draft = newest
+        self.prefix_source = newest.source  # frozen: the draft was cancelled or had finished
         if reuse in ("suffix", "prefix+suffix"):
             self.suffix_proposer = self._make_suffix_proposer(seq, usable)
         if reuse in ("prefix", "prefix+suffix"):
