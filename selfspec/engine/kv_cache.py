@@ -117,6 +117,28 @@ class SlotKVCache(Cache):
             key_length=key_length,
         )
 
+    def set_routing(
+        self,
+        *,
+        write_slots: torch.Tensor,
+        write_positions: torch.Tensor,
+        read_slots: torch.Tensor,
+        key_length: int,
+    ) -> None:
+        """Route the next forward from device tensors (static-shape forwards, CUDA graphs).
+
+        Nothing here reads a tensor's value on the host, so a captured graph that replays
+        the forward follows whatever the buffers hold at replay time.
+        """
+        self._routing = _StepRouting(
+            write_slots=write_slots,
+            write_positions=write_positions,
+            read_slots=read_slots,
+            read_slot_start=0,
+            batch_size=int(read_slots.shape[0]),
+            key_length=key_length,
+        )
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write this step's K/V into the slots, return each row's keys [B, H, key_length, D]."""
         r = self._routing

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
 
 from selfspec.engine.model_runner import Chunk, ModelRunner
+from selfspec.engine.static_forward import GraphBuckets
 from selfspec.engine.policy import SequencePolicy
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
@@ -46,6 +47,14 @@ class EngineConfig:
     max_padding_ratio: float | None = None  # None: 1.5 on CPU (padding costs compute), 16 on GPU
     key_length_bucket: int = 32
     max_proposal_tokens: int = 64  # long drafts are verified in chunks of this size
+    # CUDA graphs for decode/verify steps (None: on when the model is on a CUDA device).
+    cuda_graphs: bool | None = None
+    # Static-shape forwards without capture: the graph path's bucketing on any device (tests).
+    static_shapes: bool = False
+    graph_buckets: GraphBuckets = field(default_factory=GraphBuckets)
+    # torch.compile the pointwise pieces (norms, MLP activation, rotary) before capture
+    # (None: on with CUDA graphs). Fewer, fused kernels per step.
+    compile_pointwise: bool | None = None
 
     def validate(self) -> None:
         if self.num_slots < 0:
@@ -93,12 +102,27 @@ class Engine:
         padding = self.config.max_padding_ratio
         if padding is None:
             padding = 16.0 if device.type == "cuda" else 1.5
+        graphs = self.config.cuda_graphs
+        if graphs is None:
+            graphs = device.type == "cuda"
+        if graphs and device.type != "cuda":
+            raise ValueError("cuda_graphs=True needs the model on a CUDA device")
+        compile_pointwise = self.config.compile_pointwise
+        if compile_pointwise is None:
+            compile_pointwise = graphs
+        if compile_pointwise:
+            from selfspec.engine.fusion import compile_pointwise_modules
+
+            compile_pointwise_modules(model)
         self.runner = ModelRunner(
             model,
             num_slots=self.config.num_slots,
             max_len=max_len,
             key_length_bucket=self.config.key_length_bucket,
             max_padding_ratio=padding,
+            static_shapes=self.config.graph_buckets if (graphs or self.config.static_shapes) else None,
+            capture_graphs=graphs,
+            fused_pointwise=compile_pointwise,
         )
         self.max_len = max_len
         self.device = device
@@ -255,16 +279,17 @@ class Engine:
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal))
         logits = self.runner.run(chunks)
+        argmax = self.runner.last_argmax
         self.steps += 1
         events: list[StepEvent] = []
-        for (seq, fed, proposal), row_logits in zip(work, logits):
+        for (seq, fed, proposal), row_logits, row_argmax in zip(work, logits, argmax):
             if seq.is_finished:  # cancelled by a policy earlier in this loop
                 continue
             if row_logits is None:
                 seq.num_cached += fed
                 seq.stats.prefill_forwards += 1
                 continue
-            new_tokens = self._commit(seq, fed, proposal, row_logits)
+            new_tokens = self._commit(seq, fed, proposal, row_logits, row_argmax)
             events.append(StepEvent(seq, new_tokens, seq.is_finished))
         # Policies react after every row is committed, so a fork sees a consistent engine.
         for event in events:
@@ -292,21 +317,32 @@ class Engine:
             proposal = Proposal(proposal.tokens[:room], probs)
         return proposal
 
-    def _commit(self, seq: Sequence, fed: int, proposal: Proposal | None, logits: torch.Tensor) -> list[int]:
-        """Sample or verify, append, check stops. Returns the tokens appended."""
+    def _commit(
+        self,
+        seq: Sequence,
+        fed: int,
+        proposal: Proposal | None,
+        logits: torch.Tensor,
+        argmax: list[int] | None = None,
+    ) -> list[int]:
+        """Sample or verify, append, check stops. Returns the tokens appended.
+
+        `argmax` is the runner's greedy token per logits row, already on the host (one
+        transfer per forward instead of one per sequence).
+        """
         params = seq.params
         seq.stats.forwards += 1
         probs = None if params.greedy else processed_probs(logits, params)
         if proposal is None:
             if probs is None:
-                token = int(logits[0].argmax())
+                token = argmax[0] if argmax is not None else int(logits[0].argmax())
             else:
                 token = sample_from(probs[0], seq.generator)
             result = VerifyResult(0, token)
         else:
             result = seq.policy.verify(self, seq, logits, proposal) if seq.policy is not None else None
             if result is None:
-                result = self._verify(seq, logits, probs, proposal)
+                result = self._verify(seq, logits, probs, proposal, argmax)
             seq.stats.verify_steps += 1
             seq.stats.proposed_tokens += len(proposal.tokens)
             seq.stats.accepted_tokens += result.num_accepted
@@ -320,9 +356,16 @@ class Engine:
             seq.first_token_time = time.perf_counter()
         return appended
 
-    def _verify(self, seq: Sequence, logits: torch.Tensor, probs: torch.Tensor | None, proposal: Proposal) -> VerifyResult:
+    def _verify(
+        self,
+        seq: Sequence,
+        logits: torch.Tensor,
+        probs: torch.Tensor | None,
+        proposal: Proposal,
+        argmax: list[int] | None = None,
+    ) -> VerifyResult:
         if probs is None:
-            return verify_greedy(logits.argmax(dim=-1), proposal.tokens)
+            return verify_greedy(argmax if argmax is not None else logits.argmax(dim=-1), proposal.tokens)
         if proposal.draft_probs is not None:
             return verify_rejection_with_draft_probs(probs, proposal.tokens, proposal.draft_probs, seq.generator)
         return verify_rejection_deterministic(probs, proposal.tokens, seq.generator)

@@ -10,13 +10,16 @@ the same columns, which lets the model compute logits only for the positions ask
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
 import torch
 
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
+from selfspec.engine.fusion import fused
 from selfspec.engine.kv_cache import SlotKVCache, model_kv_shape
+from selfspec.engine.static_forward import GraphBuckets, StaticForwardPool
 
 
 @dataclass
@@ -40,6 +43,9 @@ class ModelRunner:
         max_len: int,
         key_length_bucket: int = 32,
         max_padding_ratio: float = 1.5,
+        static_shapes: GraphBuckets | None = None,
+        capture_graphs: bool = False,
+        fused_pointwise: bool = False,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -70,7 +76,15 @@ class ModelRunner:
         params = inspect.signature(model.forward).parameters
         # transformers 5.24 renamed `past_key_values` to `cache`; 5.17 silently swallows `cache=`.
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.fused_pointwise = fused_pointwise  # use the compiled twins (engine.fusion) in forwards
         self.forwards = 0
+        self.eager_forwards = 0
+        self.last_argmax: list[list[int] | None] = []
+        if capture_graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
+        self.static: StaticForwardPool | None = None
+        if static_shapes is not None or capture_graphs:
+            self.static = StaticForwardPool(self, static_shapes or GraphBuckets(), capture=capture_graphs)
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -83,13 +97,53 @@ class ModelRunner:
             if end > self.max_len:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
         results: list[torch.Tensor | None] = [None] * len(chunks)
+        argmax: list[list[int] | None] = [None] * len(chunks)
+        with fused() if self.fused_pointwise else contextlib.nullcontext():
+            return self._run_groups(chunks, results, argmax)
+
+    def _run_groups(
+        self, chunks: list[Chunk], results: list[torch.Tensor | None], argmax: list[list[int] | None]
+    ) -> list[torch.Tensor | None]:
         for group in self._group(chunks):
-            logits = self._forward([chunks[i] for i in group])
+            group_chunks = [chunks[i] for i in group]
+            shape = self.static.shape_for(group_chunks) if self.static is not None else None
+            if shape is not None:
+                logits, top = self.static.run(group_chunks, shape)
+            else:
+                logits = self._forward(group_chunks)
+                top = logits.argmax(dim=-1)
+                self.eager_forwards += 1
+            self.forwards += 1
+            width = logits.shape[1]
+            # One device-to-host copy per forward: the greedy tokens of every row. It also
+            # orders this forward before the next one reuses the static output buffers.
+            top_host = top.cpu()
             for row, i in enumerate(group):
                 n = chunks[i].num_logits
                 if n > 0:
-                    results[i] = logits[row, logits.shape[1] - n :]
+                    # A copy: static forwards share their output buffer across steps.
+                    results[i] = logits[row, width - n :].to(torch.float32, copy=True)
+                    argmax[i] = top_host[row, width - n :].tolist()
+        self.last_argmax = argmax
         return results
+
+    def warm_up_graphs(self, batch_sizes: list[int], token_counts: list[int], max_cached: int, progress=None) -> float:
+        """Build the static forwards for these shapes (every key bucket up to `max_cached`).
+
+        Returns the seconds spent (capture and compile), which callers report and keep out
+        of their measurements.
+        """
+        if self.static is None:
+            return 0.0
+        buckets = self.static.buckets
+        keys = sorted({buckets.key_bucket(n, self.max_len) for n in _doubling(buckets.min_keys, max_cached)})
+        shapes = [
+            (b, t, k)
+            for b in sorted({buckets.batch_bucket(x) for x in batch_sizes} - {None})
+            for t in sorted({buckets.token_bucket(x) for x in token_counts} - {None})
+            for k in keys
+        ]
+        return self.static.warm_up(shapes, progress)
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
@@ -102,7 +156,22 @@ class ModelRunner:
         tokens cost real compute. Greedy: longest first, add while padded/real stays under
         `max_padding_ratio`.
         """
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids), reverse=True)
+        if self.static is not None:
+            # Static forwards: short chunks go together up to the largest batch bucket (a
+            # replay costs about the same whatever it carries); long prefill pieces run eagerly.
+            max_t = max(self.static.buckets.tokens)
+            max_b = max(self.static.buckets.batch)
+            short = [i for i in range(len(chunks)) if len(chunks[i].token_ids) <= max_t]
+            long = [i for i in range(len(chunks)) if len(chunks[i].token_ids) > max_t]
+            groups = [short[j : j + max_b] for j in range(0, len(short), max_b)]
+            groups += self._group_by_padding(chunks, long)
+        else:
+            groups = self._group_by_padding(chunks, list(range(len(chunks))))
+        # Rows in slot order make the cache read a plain slice when slots are contiguous.
+        return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
+
+    def _group_by_padding(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
+        order = sorted(indices, key=lambda i: len(chunks[i].token_ids), reverse=True)
         groups: list[list[int]] = []
         current: list[int] = []
         width = real = 0
@@ -117,8 +186,7 @@ class ModelRunner:
             real += n
         if current:
             groups.append(current)
-        # Rows in slot order make the cache read a plain slice when slots are contiguous.
-        return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
+        return groups
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         device = self.device
@@ -158,5 +226,13 @@ class ModelRunner:
             )
         finally:
             self.cache.end_step()
-        self.forwards += 1
-        return out.logits.float()
+        return out.logits
+
+
+def _doubling(start: int, stop: int) -> list[int]:
+    values, n = [], start
+    while True:
+        values.append(min(n, stop))
+        if n >= stop:
+            return values
+        n *= 2

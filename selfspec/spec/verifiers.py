@@ -35,13 +35,13 @@ class VerifyResult:
     next_token: int  # the token emitted after the accepted prefix (correction or bonus)
 
 
-def verify_greedy(target_argmax: torch.Tensor, proposal: Sequence[int]) -> VerifyResult:
+def verify_greedy(target_argmax: torch.Tensor | Sequence[int], proposal: Sequence[int]) -> VerifyResult:
     """Longest prefix where the proposal equals the target argmax, then the argmax after it.
 
     `target_argmax` is [k+1]: the argmax at the position before each proposal token,
     plus the bonus position. One `.tolist()` is the only host sync.
     """
-    targets = target_argmax.tolist()
+    targets = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else list(target_argmax)
     k = len(proposal)
     if len(targets) < k + 1:
         raise ValueError(f"need {k + 1} target positions for a {k}-token proposal, got {len(targets)}")

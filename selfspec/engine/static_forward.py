@@ -1,0 +1,247 @@
+"""Static-shape forwards: bucketed (batch, tokens, keys) shapes whose inputs live in fixed buffers.
+
+Why: on a GPU a small model's step is launch-bound (an eager SmolLM2 forward costs ~20 ms
+whatever it carries). A CUDA graph replays the whole forward's kernels with one launch, but
+only for fixed shapes and fixed input addresses. So a step is padded up to a bucket
+(batch size, chunk length, and the number of key positions attention reads), its inputs are
+copied into that bucket's static buffers with one host-to-device copy, and everything else
+— the attention mask, the KV-cache write indices, the slot read — is computed on the device
+from those buffers inside the captured region. Attention reads the key bucket, a power of two
+at or above the longest row's cached length: its cost grows with what is cached, not with
+the preallocated cache length.
+
+The same body runs uncaptured on a CPU (`capture=False`), which is how the bucketing,
+padding rows and device-side routing are tested for exactness without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import time
+import warnings
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from selfspec.engine.model_runner import Chunk, ModelRunner
+
+
+@dataclass(frozen=True)
+class GraphBuckets:
+    """Which shapes get a static forward. Steps outside them run eagerly."""
+
+    batch: tuple[int, ...] = (1, 2, 4, 8, 16)
+    tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    min_keys: int = 128  # smallest key bucket; buckets double up to the cache length
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "tokens"):
+            values = getattr(self, name)
+            if not values or any(v < 1 for v in values) or list(values) != sorted(set(values)):
+                raise ValueError(f"{name} buckets must be increasing positive integers, got {values}")
+        if self.min_keys < 1:
+            raise ValueError(f"min_keys must be >= 1, got {self.min_keys}")
+
+    def batch_bucket(self, n: int) -> int | None:
+        return _bucket_up(n, self.batch)
+
+    def token_bucket(self, n: int) -> int | None:
+        return _bucket_up(n, self.tokens)
+
+    def key_bucket(self, needed: int, max_len: int) -> int:
+        size = self.min_keys
+        while size < needed:
+            size *= 2
+        return min(size, max_len)
+
+
+def _bucket_up(n: int, buckets: tuple[int, ...]) -> int | None:
+    for b in buckets:
+        if b >= n:
+            return b
+    return None
+
+
+@dataclass
+class StaticForward:
+    """One bucket shape: its input buffer, the forward body over it and, on CUDA, its graph."""
+
+    batch: int
+    tokens: int
+    keys: int
+    packed: torch.Tensor  # [5, B, T] int64: ids, positions, write slot, write position, read slot (col 0)
+    graph: torch.cuda.CUDAGraph | None = None
+    capture_seconds: float = 0.0
+    replays: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class StaticForwardPool:
+    """Owns the static forwards of one model runner and the shared output buffers.
+
+    Outputs (logits and their argmax) go to buffers shared by all buckets, so capturing many
+    graphs costs no memory per graph beyond the pooled activations. A forward's outputs are
+    therefore only valid until the next forward: the runner copies what it returns.
+    """
+
+    def __init__(self, runner: "ModelRunner", buckets: GraphBuckets, *, capture: bool) -> None:
+        self.runner = runner
+        self.buckets = buckets
+        self.capture = capture
+        self.device = runner.device
+        self.forwards: dict[tuple[int, int, int], StaticForward] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        vocab = int(runner.model.get_output_embeddings().weight.shape[0])
+        max_b, max_t = max(buckets.batch), max(buckets.tokens)
+        self.logits_out = torch.empty((max_b, max_t, vocab), dtype=runner.dtype, device=self.device)
+        self.argmax_out = torch.zeros((max_b, max_t), dtype=torch.long, device=self.device)
+        self.key_positions = torch.arange(runner.max_len, device=self.device)
+        self.mask_min = torch.tensor(torch.finfo(runner.dtype).min, dtype=runner.dtype, device=self.device)
+        self.mask_zero = torch.zeros((), dtype=runner.dtype, device=self.device)
+        self.host_packed: dict[tuple[int, int], torch.Tensor] = {}
+        self.capture_seconds = 0.0
+        self.capture_error: str | None = None
+
+    # ------------------------------------------------------------------ shape selection
+    def shape_for(self, chunks: list["Chunk"]) -> tuple[int, int, int] | None:
+        b = self.buckets.batch_bucket(len(chunks))
+        t = self.buckets.token_bucket(max(len(c.token_ids) for c in chunks))
+        if b is None or t is None:
+            return None
+        needed = max(c.start + len(c.token_ids) for c in chunks)
+        return b, t, self.buckets.key_bucket(needed, self.runner.max_len)
+
+    # ------------------------------------------------------------------ running
+    def run(self, chunks: list["Chunk"], shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run `chunks` in the bucket `shape`; return views (logits [B, T, V], argmax [B, T])."""
+        forward = self.forwards.get(shape)
+        if forward is None:
+            forward = self._build(shape)
+        forward.packed.copy_(self._pack(chunks, shape), non_blocking=True)
+        if forward.graph is not None:
+            forward.graph.replay()
+        else:
+            self._body(forward)
+        forward.replays += 1
+        b, t, _ = shape
+        return self.logits_out[:b, :t], self.argmax_out[:b, :t]
+
+    def _pack(self, chunks: list["Chunk"], shape: tuple[int, int, int]) -> torch.Tensor:
+        """The step's inputs as one host tensor (pinned on CUDA), so one copy moves them all."""
+        b, t, _ = shape
+        host = self.host_packed.get((b, t))
+        if host is None:
+            host = torch.zeros((5, b, t), dtype=torch.long, pin_memory=self.device.type == "cuda")
+            self.host_packed[(b, t)] = host
+        scratch = self.runner.cache.scratch_slot
+        arr = host.numpy()  # numpy writes cost ~1 us each; this runs on every step
+        # Defaults = padding: token 0 at position 0, written to distinct scratch positions.
+        arr[0:2] = 0
+        arr[2] = scratch
+        arr[3] = np.arange(t)
+        arr[4] = scratch
+        for row, chunk in enumerate(chunks):
+            n = len(chunk.token_ids)
+            pad = t - n
+            arr[0, row, pad:] = chunk.token_ids
+            arr[1, row, pad:] = np.arange(chunk.start, chunk.start + n)
+            arr[2, row, pad:] = chunk.slot
+            arr[3, row, pad:] = arr[1, row, pad:]
+            arr[4, row, :] = chunk.slot
+        return host
+
+    def _build(self, shape: tuple[int, int, int]) -> StaticForward:
+        b, t, k = shape
+        packed = torch.zeros((5, b, t), dtype=torch.long, device=self.device)
+        scratch = self.runner.cache.scratch_slot
+        # Warm-up and capture inputs route every write to the scratch slot: no real row changes.
+        packed[2].fill_(scratch)
+        packed[3].copy_(torch.arange(t, device=self.device).expand(b, t))
+        packed[4].fill_(scratch)
+        forward = StaticForward(batch=b, tokens=t, keys=k, packed=packed)
+        if self.capture:
+            start = time.perf_counter()
+            try:
+                forward.graph = self._capture(forward)
+            except Exception as exc:  # noqa: BLE001 - a model that cannot be captured still runs
+                # Fall back to running this and every later shape uncaptured, and say why.
+                self.capture = False
+                self.capture_error = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"CUDA graph capture failed, running static shapes eagerly: {self.capture_error}")
+                torch.cuda.synchronize(self.device)
+            forward.capture_seconds = time.perf_counter() - start
+            self.capture_seconds += forward.capture_seconds
+        self.forwards[shape] = forward
+        return forward
+
+    def _capture(self, forward: StaticForward) -> torch.cuda.CUDAGraph:
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile / autotune / lazy init outside the capture
+                self._body(forward)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            self._body(forward)
+        torch.cuda.synchronize(self.device)
+        return graph
+
+    def _body(self, forward: StaticForward) -> None:
+        """The forward over the static buffers: no host values, no host syncs."""
+        runner = self.runner
+        b, t, k = forward.batch, forward.tokens, forward.keys
+        ids, positions = forward.packed[0], forward.packed[1]
+        keys = self.key_positions[:k].view(1, 1, k)
+        query = positions.unsqueeze(-1)
+        allowed = keys <= query
+        mask = torch.where(allowed, self.mask_zero, self.mask_min).unsqueeze(1)
+        if runner.has_sliding:
+            sliding_allowed = allowed & (keys > query - runner.sliding_window)
+            sliding = torch.where(sliding_allowed, self.mask_zero, self.mask_min).unsqueeze(1)
+            attention_mask = {"full_attention": mask, "sliding_attention": sliding}
+        else:
+            attention_mask = mask
+        runner.cache.set_routing(
+            write_slots=forward.packed[2],
+            write_positions=forward.packed[3],
+            read_slots=forward.packed[4, :, 0],
+            key_length=k,
+        )
+        try:
+            out = runner.model(
+                input_ids=ids,
+                attention_mask=attention_mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=t,
+                **{runner.cache_kwarg: runner.cache},
+            )
+        finally:
+            runner.cache.end_step()
+        logits = out.logits
+        self.logits_out[:b, :t].copy_(logits)
+        self.argmax_out[:b, :t].copy_(logits.argmax(dim=-1))
+
+    # ------------------------------------------------------------------ warm-up
+    def warm_up(self, shapes: list[tuple[int, int, int]], progress: Callable[[int], None] | None = None) -> float:
+        """Build (capture) the given shapes now, so no capture lands inside a measurement."""
+        before = self.capture_seconds
+        for shape in shapes:
+            if shape not in self.forwards:
+                self._build(shape)
+            if progress is not None:
+                progress(1)
+        return self.capture_seconds - before
+
+    def stats(self) -> dict:
+        return {
+            "captured": self.capture,
+            "capture_error": self.capture_error,
+            "shapes": len(self.forwards),
+            "capture_seconds": round(self.capture_seconds, 3),
+            "replays": sum(f.replays for f in self.forwards.values()),
+        }

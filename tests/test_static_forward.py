@@ -1,0 +1,199 @@
+"""The static-shape path (what CUDA graphs replay) gives the eager path's tokens, on CPU.
+
+On a GPU, decode and verify steps are padded to bucket shapes, their inputs copied into
+static buffers and the mask / cache routing computed on the device, then captured as CUDA
+graphs. Here the same body runs uncaptured, so the bucketing, padding rows, device-side
+routing and key buckets are checked for exactness against transformers' `generate`
+(fp32) without a GPU. `scripts/gpu_check.py` runs the captured version on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.engine.llm_engine import Engine, EngineConfig
+from selfspec.engine.model_runner import Chunk
+from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.static_forward import GraphBuckets
+from selfspec.llm import LLM
+from selfspec.policies.thinking import ThinkingLimits
+from selfspec.ssr.config import SSRConfig
+from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+
+VOCAB = 128
+# Small buckets so that short tests cross several key buckets and pad rows and tokens.
+BUCKETS = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+def model(request):
+    kwargs = {"sliding_window": 8} if request.param == "gemma3" else {}
+    return tiny_model(request.param, VOCAB, seed=1, num_layers=3, **kwargs)
+
+
+def reference(model, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        # An explicit mask: token 0 inside a context is a real token here, not padding.
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def static_engine(model, **kw) -> Engine:
+    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=BUCKETS, prefill_chunk=16, **kw)
+    return Engine(model, None, cfg, eos_token_ids=[])
+
+
+def run(engine: Engine, seqs) -> None:
+    for _ in range(10_000):
+        if all(s.is_finished for s in seqs):
+            return
+        engine.step()
+    raise AssertionError("did not finish")
+
+
+def test_batch_crossing_key_buckets_matches_generate(model):
+    engine = static_engine(model)
+    batch = prompts([3, 11, 6], seed=2)  # 3 rows -> batch bucket 4 (one padding row)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True)) for p in batch]
+    run(engine, seqs)
+    for p, s in zip(batch, seqs):
+        assert s.output_ids == reference(model, p, 40)
+    static = engine.runner.static
+    assert static is not None and not static.capture
+    used = set(static.forwards)
+    # Key buckets 16, 32, 64 (and 8 for the shortest) were crossed on the way.
+    assert {k for _, _, k in used} >= {16, 32, 64}, used
+    assert any(b == 4 for b, _, _ in used)
+    assert engine.runner.eager_forwards >= 1  # 11-token prefill > largest token bucket (8)
+
+
+def test_verification_chunks_in_token_buckets_match_generate(model):
+    """Proposals of 1..7 tokens are verified in token buckets 2..8, padded on the left."""
+    from selfspec.policies.speculative import SpeculationConfig  # noqa: F401  (import check)
+    from selfspec.spec.proposal import Proposal
+
+    (prompt,) = prompts([9], seed=4)
+    want = reference(model, prompt, 30)
+
+    class Oracle:
+        """Proposes the true continuation with a wrong token at a varying place."""
+
+        def __init__(self):
+            self.calls = 0
+
+        def propose(self, engine, seq, room):
+            self.calls += 1
+            k = min(room, 1 + self.calls % 7)
+            done = seq.num_output_tokens
+            tokens = list(want[done : done + k])
+            if not tokens:
+                return None
+            if self.calls % 3 == 0:
+                tokens[-1] = (tokens[-1] + 1) % VOCAB
+            return Proposal(tokens)
+
+        def verify(self, engine, seq, logits, proposal):
+            return None
+
+        def on_tokens(self, engine, seq, new_tokens):
+            pass
+
+        def on_finish(self, engine, seq):
+            pass
+
+    engine = static_engine(model)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=30, ignore_eos=True), policy=Oracle())
+    run(engine, [seq])
+    assert seq.output_ids == want
+    assert seq.stats.accepted_tokens > 0
+    assert {t for _, t, _ in engine.runner.static.forwards} >= {4, 8}
+
+
+def test_fork_in_static_path_continues_exactly(model):
+    engine = static_engine(model)
+    (prompt,) = prompts([7], seed=5)
+    parent = engine.add_request(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+    while parent.num_output_tokens < 5:
+        engine.step()
+    child = engine.fork(parent, [3, 4], params=SamplingParams(max_tokens=10, ignore_eos=True))
+    assert child is not None
+    context = list(child.token_ids)
+    run(engine, [parent, child])
+    assert parent.output_ids == reference(model, prompt, 24)
+    assert child.token_ids[len(context) :] == reference(model, context, 10)
+
+
+def test_static_ssr_equals_baseline():
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        for layer in model.model.layers:  # bigram model: drafts match, acceptance paths run
+            layer.self_attn.o_proj.weight.zero_()
+    cfg = EngineConfig(num_slots=16, max_len=256, static_shapes=True, graph_buckets=GraphBuckets(tokens=(1, 2, 4, 8, 16, 32, 64), min_keys=16))
+    llm = LLM.from_model(model, tok, engine_config=cfg)
+    limits = ThinkingLimits(cot_cap=40, answer_cap=30, fixed_length=True)
+    params = SamplingParams(max_tokens=1000)
+    texts = ["What is 12 + 30?", "Write a counter class", "hello"]
+    base = llm.generate(texts, params, limits=limits, thinking=True)
+    out = llm.generate(texts, params, limits=limits, spec=SSRConfig(draft_budgets=[10], max_draft_len=40))
+    for o, b in zip(out, base):
+        assert o.token_ids == b.token_ids
+    assert sum(o.metrics["accepted_prefix"] for o in out) > 0
+    assert llm.engine.runner.eager_forwards < llm.engine.runner.forwards / 2
+
+
+def test_padding_rows_route_to_the_scratch_slot():
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    engine = static_engine(model)
+    pool = engine.runner.static
+    host = pool._pack([Chunk(slot=2, start=5, token_ids=[7, 8], num_logits=1)], (2, 4, 16)).numpy()
+    scratch = engine.runner.cache.scratch_slot
+    assert host[0, 0].tolist() == [0, 0, 7, 8]  # right-aligned
+    assert host[1, 0].tolist() == [0, 0, 5, 6]
+    assert host[2, 0].tolist() == [scratch, scratch, 2, 2]
+    assert host[4, 0, 0] == 2
+    assert (host[2, 1] == scratch).all() and (host[4, 1] == scratch).all()
+    assert len(set(host[3, 1].tolist())) == 4  # padding writes land on distinct scratch positions
+
+
+def test_bucket_validation_and_key_buckets():
+    b = GraphBuckets(batch=(1, 2, 4), tokens=(1, 8), min_keys=128)
+    assert b.batch_bucket(3) == 4 and b.batch_bucket(5) is None
+    assert b.token_bucket(2) == 8 and b.token_bucket(9) is None
+    assert b.key_bucket(1, 4096) == 128 and b.key_bucket(129, 4096) == 256 and b.key_bucket(3000, 2048) == 2048
+    with pytest.raises(ValueError, match="increasing"):
+        GraphBuckets(batch=(2, 1))
+    with pytest.raises(ValueError, match="min_keys"):
+        GraphBuckets(min_keys=0)
+
+
+def test_cuda_graphs_on_cpu_is_a_clear_error():
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    with pytest.raises(ValueError, match="CUDA"):
+        Engine(model, None, EngineConfig(num_slots=2, max_len=64, cuda_graphs=True), eos_token_ids=[])
+
+
+def test_compiled_pointwise_modules_are_exact_and_scoped():
+    """The fused twins (compiled) give the same tokens; outside the engine the model is untouched."""
+    from selfspec.engine.fusion import compile_pointwise_modules, fused_active
+
+    model = tiny_model("qwen3", VOCAB, seed=2, num_layers=2)
+    (prompt,) = prompts([6], seed=7)
+    want = reference(model, prompt, 20)
+    wrapped = compile_pointwise_modules(model, backend="aot_eager")
+    assert any(name.endswith("RMSNorm") for name in wrapped) and any(name.endswith("MLP") for name in wrapped)
+    assert not fused_active()
+    engine = static_engine(model)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    run(engine, [seq])
+    assert seq.output_ids == want
+    assert reference(model, prompt, 20) == want  # generate after wrapping: eager pieces, same tokens
