@@ -183,16 +183,20 @@ def test_cuda_graphs_on_cpu_is_a_clear_error():
 
 
 def test_compiled_pointwise_modules_are_exact_and_scoped():
-    """The fused twins (compiled) give the same tokens; outside the engine the model is untouched."""
+    """The fused twins (compiled norms/MLP/rotary, one GEMM for q/k/v and for gate/up) give the
+    same tokens; outside the engine's forwards the model runs its own eager code."""
     from selfspec.engine.fusion import compile_pointwise_modules, fused_active
 
     model = tiny_model("qwen3", VOCAB, seed=2, num_layers=2)
     (prompt,) = prompts([6], seed=7)
     want = reference(model, prompt, 20)
     wrapped = compile_pointwise_modules(model, backend="aot_eager")
-    assert any(name.endswith("RMSNorm") for name in wrapped) and any(name.endswith("MLP") for name in wrapped)
+    assert compile_pointwise_modules(model, backend="aot_eager") == []  # idempotent
+    assert any(name.endswith("RMSNorm") for name in wrapped)
+    assert any(name.endswith("MLP.gate_up") for name in wrapped) and any(name.endswith("Attention.qkv") for name in wrapped)
     assert not fused_active()
-    engine = static_engine(model)
+    engine = static_engine(model, compile_pointwise=True, compile_backend="aot_eager")
+    assert engine.runner.fused_pointwise
     seq = engine.add_request(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
     run(engine, [seq])
     assert seq.output_ids == want

