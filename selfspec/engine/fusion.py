@@ -63,8 +63,6 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     wrapped: set[str] = set()
     compiled_by_class: dict = {}
-    if _use_packed_gqa_attention(model):
-        wrapped.add("attention:selfspec_sdpa")
     for module in model.modules():
         if _fuse_qkv(module):
             wrapped.add(f"{type(module).__name__}.qkv")
@@ -172,63 +170,3 @@ def _fuse_qkv(attn: torch.nn.Module) -> bool:
     projs[2].forward = _dispatch(projs[2].forward, fused_part("v", projs[2]))
     return True
 
-
-# ---------------------------------------------------------------------------------- attention
-ATTENTION_NAME = "selfspec_sdpa"
-_packed_masks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _packed_gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """SDPA with grouped queries packed into the query-length axis instead of repeating K/V.
-
-    transformers' SDPA path repeats each K/V head for its query group (two copies of the
-    read keys per layer) whenever a mask is given. Packing the group's queries as extra
-    query rows of their shared K/V head reads each key once and launches no copies; the
-    mask rows are repeated once per forward (all layers share the mask object). Same
-    arithmetic per (query, key) pair; used only inside the engine's forwards.
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    groups = getattr(module, "num_key_value_groups", 1)
-    usable = (
-        fused_active()
-        and groups > 1
-        and dropout == 0.0
-        and kwargs.get("softcap") is None
-        and not kwargs.get("output_attentions", False)
-        and kwargs.get("position_bias") is None
-        and attention_mask is not None
-        and attention_mask.dim() == 4
-        and attention_mask.shape[1] == 1
-    )
-    if not usable:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    b, hq, t, d = query.shape
-    hkv = key.shape[1]
-    q = query.reshape(b, hkv, groups * t, d)  # rows ordered (group member, token)
-    mask = attention_mask[:, :, :, : key.shape[2]]
-    cached = _packed_masks.get(groups)
-    if cached is not None and cached[0] is mask:
-        packed_mask = cached[1]
-    else:
-        packed_mask = mask.repeat(1, 1, groups, 1)
-        _packed_masks[groups] = (mask, packed_mask)
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=packed_mask, scale=scaling)
-    out = out.reshape(b, hq, t, d).transpose(1, 2).contiguous()
-    return out, None
-
-
-def _use_packed_gqa_attention(model: torch.nn.Module) -> bool:
-    """Route the model's attention through `_packed_gqa_sdpa` (it defers to SDPA outside the engine)."""
-    from transformers import AttentionInterface
-
-    configs = [model.config]
-    if hasattr(model.config, "get_text_config"):
-        configs.append(model.config.get_text_config())
-    if any(getattr(c, "_attn_implementation", None) != "sdpa" for c in configs):
-        return False  # already routed, or eager / flash / flex: leave the user's choice alone
-    AttentionInterface.register(ATTENTION_NAME, _packed_gqa_sdpa)
-    for c in configs:
-        c._attn_implementation = ATTENTION_NAME
-    return True
