@@ -39,6 +39,7 @@ MODES = {
     "prefix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, reuse="prefix"),
     "suffix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, reuse="suffix"),
     "prefix+suffix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d),
+    "prefix+suffix-no-backoff": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_backoff_max=0),
     "iterative": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d),
     "all-sources": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_sources=["draft", "prompt", "output", "global"]),
     "suffix-decoding": lambda b, d: SpeculationConfig(method="suffix"),
@@ -197,3 +198,21 @@ def test_cancelling_an_ssr_request_frees_its_slots(random_llm):
     llm.run_until_done([plain])
     assert llm.result(plain).token_ids == ref.token_ids
     assert engine.scheduler.slots.num_used == 0
+
+
+def test_suffix_backoff_cuts_failed_verifies_not_tokens(random_llm):
+    """Drafts of a random model rarely match: back-off skips proposals, tokens stay the same."""
+    llm = random_llm
+    limits = ThinkingLimits(cot_cap=30, answer_cap=60, fixed_length=True)
+    params = SamplingParams(max_tokens=1000)
+    runs = {}
+    for cap in (0, 16):
+        spec = SSRConfig(draft_budgets=[5], max_draft_len=80, reuse="suffix", suffix_backoff_max=cap,
+                         suffix_sources=["draft", "output"])
+        runs[cap] = llm.generate(PROMPTS[:4], params, limits=limits, spec=spec)
+    for a, b in zip(runs[0], runs[16]):
+        assert a.token_ids == b.token_ids
+    verifies = {cap: sum(r.metrics["answer_verify_steps"] for r in out) for cap, out in runs.items()}
+    skipped = sum(r.metrics["suffix_skipped_steps"] for r in runs[16])
+    assert sum(r.metrics["suffix_skipped_steps"] for r in runs[0]) == 0
+    assert skipped > 0 and verifies[16] < verifies[0], (verifies, skipped)

@@ -40,6 +40,7 @@ def bench(
     suffix_spec_tokens: int = typer.Option(16, help="Max tokens a suffix proposal may hold."),
     suffix_factor: float = typer.Option(4.0, help="Suffix budget factor (tokens per matched token)."),
     suffix_sources: str = typer.Option("draft", help="Suffix sources for SSR modes: draft[,prompt,output,global]."),
+    suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
     num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+)."),
@@ -75,6 +76,7 @@ def bench(
         fixed_length=not natural,
         suffix=SuffixOptions(max_depth=suffix_depth, max_spec_tokens=suffix_spec_tokens, spec_factor=suffix_factor),
         suffix_sources=[s.strip() for s in suffix_sources.split(",") if s.strip()],
+        suffix_backoff_max=suffix_backoff,
         seed=seed,
     )
     samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset)

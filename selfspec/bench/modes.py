@@ -30,6 +30,7 @@ class BenchSettings:
     fixed_length: bool = True
     suffix: SuffixOptions = field(default_factory=SuffixOptions)
     suffix_sources: list[str] = field(default_factory=lambda: ["draft"])
+    suffix_backoff_max: int = 16  # SSR modes: back off suffix proposals after failures (0: never)
     temperature: float = 0.0
     seed: int = 0
 
@@ -45,7 +46,8 @@ PAPER_ANSWER_CAPS = {"humaneval": 1500, "classeval": 4000, "longproc": 2000}
 
 def spec_for(mode: str, s: BenchSettings):
     """The `spec` object `LLM.generate` takes for an engine mode (None for the baseline)."""
-    ssr = dict(max_draft_len=s.max_draft_len, suffix=s.suffix, suffix_sources=s.suffix_sources)
+    ssr = dict(max_draft_len=s.max_draft_len, suffix=s.suffix, suffix_sources=s.suffix_sources,
+               suffix_backoff_max=s.suffix_backoff_max)
     if mode == "baseline":
         return None
     if mode in ("prefix", "suffix", "prefix+suffix"):

@@ -67,6 +67,11 @@ class SSRConfig(BaseModel):
       `prefix_chunk_max` (and the engine's max_proposal_tokens). An early mismatch then costs
       a short verify; a matching draft still goes through in a few forwards. Where a k-token
       verify costs the same as a decode step (GPU), set both to 64.
+    suffix_backoff / suffix_backoff_max: after a suffix proposal of which nothing is accepted,
+      skip the next 1, 2, 4, ... (at most `suffix_backoff_max`) answer steps before proposing
+      again; an accepted token resets it. A draft that stopped tracking the answer then costs
+      a few verifies instead of one per token (a k-token verify costs ~1.3 decode steps on
+      the H200). It only decides when to propose, so outputs are unchanged. 0 disables it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -84,6 +89,7 @@ class SSRConfig(BaseModel):
     use_draft_probs: bool = False
     prefix_chunk_start: int = Field(8, ge=1, le=4096)
     prefix_chunk_max: int = Field(64, ge=1, le=4096)
+    suffix_backoff_max: int = Field(16, ge=0, le=4096)
 
     @model_validator(mode="after")
     def _check(self) -> "SSRConfig":

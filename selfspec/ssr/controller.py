@@ -129,6 +129,9 @@ class SSRPolicy(ThinkingPolicy):
         self.prefix_start = 0
         self.prefix_source: list[int] = []
         self._prefix_chunk = config.prefix_chunk_start
+        self._suffix_fail_streak = 0  # consecutive suffix proposals with nothing accepted
+        self._suffix_skip = 0  # answer steps left before the next suffix proposal
+        self.suffix_skipped_steps = 0
 
     # ------------------------------------------------------------------ proposing
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
@@ -147,6 +150,10 @@ class SSRPolicy(ThinkingPolicy):
                 return proposal
             self._leave_prefix()
         if self.stage == "suffix" and self.suffix_proposer is not None:
+            if self._suffix_skip > 0:
+                self._suffix_skip -= 1
+                self.suffix_skipped_steps += 1
+                return None
             proposal = self.suffix_proposer.propose(seq.token_ids, room)
             if proposal.tokens:
                 self._pending_stage = "suffix"
@@ -192,6 +199,7 @@ class SSRPolicy(ThinkingPolicy):
                 self._advance_prefix(accepted, new_tokens)
             elif self._pending_stage == "suffix":
                 self.suffix_accepted += accepted
+                self._back_off(accepted)
             self._pending_stage = None
         self._consume(engine, seq)
         if seq.is_finished or self.phase != "thinking":
@@ -199,6 +207,14 @@ class SSRPolicy(ThinkingPolicy):
         while self.budgets and self.metrics.cot_tokens >= self.budgets[0]:
             self.budgets.pop(0)
             self._fork(engine, seq)
+
+    def _back_off(self, accepted: int) -> None:
+        """Exponential back-off of suffix proposals while they keep failing (see SSRConfig)."""
+        if accepted > 0 or self.config.suffix_backoff_max == 0:
+            self._suffix_fail_streak = 0
+            return
+        self._suffix_fail_streak += 1
+        self._suffix_skip = min(1 << min(self._suffix_fail_streak - 1, 20), self.config.suffix_backoff_max)
 
     def _advance_prefix(self, accepted: int, new_tokens: list[int]) -> None:
         """Move the cursor over what the model agreed with; leave at the first disagreement."""
@@ -328,6 +344,7 @@ class SSRPolicy(ThinkingPolicy):
             "draft_forwards": sum(d.seq.stats.forwards for d in self.drafts),
             "draft_fork_cot": [d.cot_tokens for d in self.drafts],
             "fork_failures": self.fork_failures,
+            "suffix_skipped_steps": self.suffix_skipped_steps,
             # A bonus token cut by a cap never became an answer token.
             "accepted_prefix": min(
                 self._prefix_matched() if self.stage == "prefix" else self.accepted_prefix, self.metrics.answer_tokens
