@@ -71,3 +71,24 @@ def test_unknown_mode_exits_with_code_2(tmp_path: Path):
     result = CliRunner().invoke(app, ["bench", "--modes", "baseline,warp-drive", "--out", str(out), "--limit", "1"])
     assert result.exit_code == 2
     assert not out.exists()
+
+
+def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path):
+    """--concurrency 2: both samples' requests of each mode share a batch; tokens are those of
+    the one-at-a-time run, and the records are kept apart from it (concurrency is a setting)."""
+    records, _, root = bench_run
+    out = tmp_path / "c.jsonl"
+    modes = ["baseline", "prefix+suffix", "suffix-decoding"]
+    result = CliRunner().invoke(
+        app,
+        ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", ",".join(modes),
+         *LIMITS, "--concurrency", "2", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    batched = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert len(batched) == 2 * len(modes) and all(r["settings"]["concurrency"] == 2 for r in batched)
+    assert all(r["exact_match"] is True for r in batched)
+    single = {(r["sample_id"], r["mode"]): r["output_hash"] for r in records}
+    for r in batched:
+        assert r["output_hash"] == single[(r["sample_id"], r["mode"])]
+        assert r["latency_s"] > 0

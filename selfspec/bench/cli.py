@@ -43,7 +43,8 @@ def bench(
     suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+)."),
+    num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
+    concurrency: int = typer.Option(1, min=1, help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time."),
     draft: Optional[str] = typer.Option(None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."),
     out: str = typer.Option("runs/bench.jsonl", help="JSONL file the records are appended to."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Skip (sample, mode) pairs already in --out."),
@@ -78,11 +79,13 @@ def bench(
         suffix_sources=[s.strip() for s in suffix_sources.split(",") if s.strip()],
         suffix_backoff_max=suffix_backoff,
         seed=seed,
+        concurrency=concurrency,
     )
     samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset)
     if "sps" in mode_list and draft is None:
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
+    num_slots = max(num_slots, 3 * concurrency)
     llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=num_slots), draft=draft)
     meta = {
         "device": device if device == "cpu" else _gpu_name(),

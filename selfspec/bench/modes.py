@@ -33,6 +33,9 @@ class BenchSettings:
     suffix_backoff_max: int = 16  # SSR modes: back off suffix proposals after failures (0: never)
     temperature: float = 0.0
     seed: int = 0
+    # Samples whose requests of one mode run together in the engine's batch (per-request
+    # latency = arrival to finish). 1 = one request at a time, as the paper measures.
+    concurrency: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -51,7 +51,27 @@ def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) 
         [sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True
     )
     _sync(llm)
-    latency = time.perf_counter() - start
+    return _engine_record(r, time.perf_counter() - start)
+
+
+def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: BenchSettings) -> list[dict[str, Any]]:
+    """Every sample's request of one mode submitted at once: they share the engine's batch.
+
+    Each record's latency is its own request's arrival-to-finish time. With SSR, drafts add
+    rows to the same batch, exactly as they would for concurrent users.
+    """
+    _sync(llm)
+    seqs = [
+        llm.submit(sample.messages, _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
+        for sample in samples
+    ]
+    llm.run_until_done(seqs)
+    _sync(llm)
+    results = [llm.result(seq) for seq in seqs]
+    return [_engine_record(r, r.timings.total) for r in results]
+
+
+def _engine_record(r, latency: float) -> dict[str, Any]:
     m = r.metrics
     answer = r.answer_token_ids or []
     cot = m.get("cot_tokens", 0)
@@ -173,42 +193,65 @@ def run_bench(
         bar = tqdm(total=len(todo), desc="bench", unit="run")
     baseline_hash = _baseline_hashes(out_path, model_name, settings_key) if resume else {}
     new: list[dict[str, Any]] = []
-    for i, sample in enumerate(samples):
-        pending = [m for m in modes if (sample.id, m) not in done]
-        # Baseline first (its hash is the exactness reference), the rest rotated per sample.
-        rest = [m for m in pending if m != "baseline"]
+    group_size = max(1, settings.concurrency)
+    groups = [samples[j : j + group_size] for j in range(0, len(samples), group_size)]
+    for i, group in enumerate(groups):
+        pending_modes = [m for m in modes if any((sample.id, m) not in done for sample in group)]
+        # Baseline first (its hash is the exactness reference), the rest rotated per group.
+        rest = [m for m in pending_modes if m != "baseline"]
         if rest:
             k = i % len(rest)
             rest = rest[k:] + rest[:k]
-        order = (["baseline"] if "baseline" in pending else []) + rest
+        order = (["baseline"] if "baseline" in pending_modes else []) + rest
         for mode in order:
-            runner = run_external_mode if mode in EXTERNAL_MODES else run_engine_mode
-            rec = runner(llm, sample, mode, settings)
-            rec.update(
-                sample_id=sample.id,
-                benchmark=sample.benchmark,
-                mode=mode,
-                model=model_name,
-                settings=settings.to_dict(),
-                **(meta or {}),
-            )
-            if mode == "baseline":
-                baseline_hash[sample.id] = rec["output_hash"]
-            ref = baseline_hash.get(sample.id)
-            rec["exact_match"] = None if ref is None else rec["output_hash"] == ref
-            if score and rec.get("answer_text") is not None:
-                from selfspec.bench.scoring import score as score_fn
-
-                result = score_fn(sample, rec["answer_text"])
-                rec.update(passed=result.passed, score=result.score, score_detail=result.detail[:200])
-            with out_path.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            new.append(rec)
-            if bar is not None:
-                bar.update(1)
+            todo_samples = [sample for sample in group if (sample.id, mode) not in done]
+            if mode in EXTERNAL_MODES:
+                recs = [run_external_mode(llm, sample, mode, settings) for sample in todo_samples]
+            elif group_size == 1:
+                recs = [run_engine_mode(llm, todo_samples[0], mode, settings)]
+            else:
+                recs = run_engine_mode_batch(llm, todo_samples, mode, settings)
+            for sample, rec in zip(todo_samples, recs):
+                new.append(_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, out_path))
+                if bar is not None:
+                    bar.update(1)
     if bar is not None:
         bar.close()
     return new
+
+
+def _finish_record(
+    rec: dict[str, Any],
+    sample: BenchSample,
+    mode: str,
+    model_name: str,
+    settings: BenchSettings,
+    meta: dict[str, Any] | None,
+    baseline_hash: dict[str, str],
+    score: bool,
+    out_path: Path,
+) -> dict[str, Any]:
+    """Label, compare with the baseline, score, append to the JSONL file."""
+    rec.update(
+        sample_id=sample.id,
+        benchmark=sample.benchmark,
+        mode=mode,
+        model=model_name,
+        settings=settings.to_dict(),
+        **(meta or {}),
+    )
+    if mode == "baseline":
+        baseline_hash[sample.id] = rec["output_hash"]
+    ref = baseline_hash.get(sample.id)
+    rec["exact_match"] = None if ref is None else rec["output_hash"] == ref
+    if score and rec.get("answer_text") is not None:
+        from selfspec.bench.scoring import score as score_fn
+
+        result = score_fn(sample, rec["answer_text"])
+        rec.update(passed=result.passed, score=result.score, score_detail=result.detail[:200])
+    with out_path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return rec
 
 
 def _baseline_hashes(path: Path, model: str, settings: dict[str, Any]) -> dict[str, str]:
