@@ -164,21 +164,24 @@ def ssr_overhead(model, tok, args, device) -> dict:
         "Write a Python class Stack with push, pop, peek and is_empty methods.",
         "Explain how to find the shortest path in a graph, then give code.",
     ]
-    budget = args.ssr_cot // 4
+    budget, max_draft = args.ssr_budget, args.ssr_max_draft
     modes = {
         "baseline": None,
-        "ssr-off": SSRConfig(draft_budgets=[budget], max_draft_len=args.ssr_answer, reuse="off"),
-        "ssr-noaccept": SSRConfig(draft_budgets=[budget], max_draft_len=args.ssr_answer),
-        "ssr": SSRConfig(draft_budgets=[budget], max_draft_len=args.ssr_answer),
+        "ssr-off": SSRConfig(draft_budgets=[budget], max_draft_len=max_draft, reuse="off"),
+        "ssr-noaccept": SSRConfig(draft_budgets=[budget], max_draft_len=max_draft),
+        "ssr": SSRConfig(draft_budgets=[budget], max_draft_len=max_draft),
     }
 
     def reject_all(target_argmax, proposal):
         targets = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else list(target_argmax)
         return VerifyResult(0, int(targets[0]))
 
-    # Warm-up: every mode once on a short prompt (captures the shapes SSR uses).
+    # Capture every shape these runs can meet (parent + draft rows, verify chunks, all key
+    # buckets) before timing, then warm every mode once on a shorter run.
+    llm.engine.runner.warm_up_graphs([1, 2], [1, 2, 4, 8, 16, 32, 64], llm.engine.max_len)
+    short = ThinkingLimits(cot_cap=budget + 64, answer_cap=128, fixed_length=True)
     for spec in modes.values():
-        llm.generate(prompts[0], SamplingParams(max_tokens=10_000), limits=limits, thinking=True, spec=spec)
+        llm.generate(prompts[0], SamplingParams(max_tokens=10_000), limits=short, thinking=True, spec=spec)
     times: dict[str, list[float]] = {m: [] for m in modes}
     tokens: dict[str, list[list[int]]] = {m: [] for m in modes}
     for prompt in prompts:
@@ -194,7 +197,8 @@ def ssr_overhead(model, tok, args, device) -> dict:
             times[mode].append(time.perf_counter() - t0)
             tokens[mode].append(res.token_ids)
     base = times["baseline"]
-    out = {"cot": args.ssr_cot, "answer": args.ssr_answer, "draft_budget": budget, "prompts": len(prompts)}
+    out = {"cot": args.ssr_cot, "answer": args.ssr_answer, "draft_budget": budget, "max_draft": max_draft,
+           "prompts": len(prompts)}
     for mode in modes:
         ratio = statistics.mean(t / b for t, b in zip(times[mode], base))
         out[mode] = {
@@ -222,8 +226,11 @@ def main() -> None:
     parser.add_argument("--verify-k", default="1,2,4,8,16,32,64")
     parser.add_argument("--verify-context", type=int, default=512)
     parser.add_argument("--context-lengths", default="128,512,1024,2048,4096,8192")
-    parser.add_argument("--ssr-cot", type=int, default=512)
-    parser.add_argument("--ssr-answer", type=int, default=256)
+    # SSR overhead at the paper row's shape: CoT 2000, answer 1500, draft forked at 500, <= 500 tokens.
+    parser.add_argument("--ssr-cot", type=int, default=2000)
+    parser.add_argument("--ssr-answer", type=int, default=1500)
+    parser.add_argument("--ssr-budget", type=int, default=500)
+    parser.add_argument("--ssr-max-draft", type=int, default=500)
     parser.add_argument("--skip-ssr", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/engine_speed")
     parser.add_argument("--random-weights", action="store_true",

@@ -116,6 +116,8 @@ class LLM:
         if vocab != self.engine.vocab_size:
             raise ValueError(f"draft vocabulary ({vocab}) differs from the target's ({self.engine.vocab_size})")
         self.draft_runner = DraftModelRunner(module, num_slots=self.engine.config.num_slots, max_len=self.engine.max_len)
+        # How the draft was named ("layers:N" or a model): arbitrator checkpoints record and check it.
+        self.draft_spec = draft if isinstance(draft, str) else None
 
     def _init(self, model, tokenizer, engine_config, thinking_format, think_start, think_end) -> None:
         self.model = model
@@ -124,6 +126,7 @@ class LLM:
         # Past responses shared by requests that list "global" among their suffix sources.
         self.global_history = GlobalSuffixHistory(max_responses=256)
         self.draft_runner = None
+        self.draft_spec: str | None = None
         if thinking_format is None and tokenizer is not None:
             thinking_format = ThinkingFormat.detect(tokenizer, override_start=think_start, override_end=think_end)
         self.thinking_format = thinking_format

@@ -145,6 +145,8 @@ class Arbitrator(torch.nn.Module):
         self.head = head
         self.config = config
         self.lora_settings = LoraSettings()
+        # What a checkpoint recorded about the draft/target (see `cospec.checkpoint`).
+        self.identity: dict = {}
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         layer_types = getattr(text, "layer_types", None) or []
         window = getattr(text, "sliding_window", None)
@@ -167,6 +169,8 @@ class Arbitrator(torch.nn.Module):
             )
             backbone = inject_adapter_in_model(config, backbone)
             head = torch.nn.Linear(hidden, 1, dtype=dtype)
+        # Drawn on the CPU (seeded, the same on every device), then moved beside the backbone.
+        head = head.to(next(backbone.parameters()).device)
         for name, param in backbone.named_parameters():
             param.requires_grad_("lora_" in name)
         model = cls(backbone, head, draft.config)
@@ -174,31 +178,18 @@ class Arbitrator(torch.nn.Module):
         model.eval()
         return model
 
-    def save(self, directory: str | Path) -> Path:
-        """Write the trained part only (adapters + head) and the LoRA settings.
+    def save(self, directory: str | Path, **identity) -> Path:
+        """Write the trained part (adapters + head) and its config: `cospec.checkpoint.save_arbitrator`."""
+        from selfspec.cospec.checkpoint import save_arbitrator
 
-        The backbone is the draft's, so a checkpoint is small and is restored onto the same
-        draft with `Arbitrator.load`.
-        """
-        target = Path(directory)
-        target.mkdir(parents=True, exist_ok=True)
-        trained = {name: param.detach().cpu() for name, param in self.named_parameters() if param.requires_grad}
-        torch.save(trained, target / "arbitrator.pt")
-        (target / "lora.json").write_text(self.lora_settings.model_dump_json(indent=2))
-        return target
+        return save_arbitrator(self, directory, **identity)
 
     @classmethod
-    def load(cls, directory: str | Path, draft: torch.nn.Module) -> "Arbitrator":
-        """An arbitrator on `draft` with the adapters and head saved by `save`."""
-        source = Path(directory)
-        lora = LoraSettings.model_validate_json((source / "lora.json").read_text())
-        model = cls.from_draft(draft, lora=lora)
-        trained = torch.load(source / "arbitrator.pt", map_location=model.head.weight.device, weights_only=True)
-        expected = {name for name, param in model.named_parameters() if param.requires_grad}
-        if set(trained) != expected:
-            raise ValueError(f"checkpoint does not match this draft's arbitrator: {sorted(set(trained) ^ expected)[:5]}")
-        model.load_state_dict(trained, strict=False)
-        return model
+    def load(cls, directory: str | Path, draft: torch.nn.Module, **identity) -> "Arbitrator":
+        """An arbitrator on `draft` from a checkpoint: `cospec.checkpoint.load_arbitrator`."""
+        from selfspec.cospec.checkpoint import load_arbitrator
+
+        return load_arbitrator(directory, draft, **identity)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

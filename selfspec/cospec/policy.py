@@ -3,7 +3,8 @@
 A round: the draft proposes K tokens (`DraftModelProposer`), the target verifies them in one
 forward (greedy target tokens t_0..t_K). Matching tokens are accepted as in SpS. At the first
 mismatch j the arbitrator is asked π(keep d_j | prefix + d_<j, d_j.., t_j..); the draft token
-is kept iff π >= threshold (λ = 0.6 in the paper), otherwise t_j is emitted and the round ends.
+is kept iff π >= threshold (λ = 0.6 in the paper; λ >= 1 never keeps), otherwise t_j is emitted
+and the round ends.
 
 How far a round continues past a kept token (our reading of the paper): the target's rows
 after position j were computed on the draft's path d_<=j, so once d_j is kept they *are* the
@@ -45,6 +46,10 @@ class Decision:
     state: ArbitrationState
     keep_probability: float | None  # None when no arbitrator ran (collection mode)
     kept: bool
+    # The whole context at the mismatch (prompt + output + accepted draft tokens), before
+    # the arbitrator's window cut it: counterfactual continuations restart from here.
+    context: tuple[int, ...] = ()
+    prompt_len: int = 0
 
 
 class CoSpecConfig(BaseModel):
@@ -144,10 +149,12 @@ class CoSpecPolicy(ThinkingPolicy):
         probability = None
         if self.arbitrator is not None:
             probability = float(self.arbitrator.keep_probability([state])[0])
-        kept = probability is not None and probability >= self.threshold
+        # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
+        # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
+        kept = probability is not None and self.threshold < 1.0 and probability >= self.threshold
         self.kept_draft_tokens += kept
         if self.recorder is not None:
-            self.recorder(Decision(state, probability, kept))
+            self.recorder(Decision(state, probability, kept, context=tuple(context), prompt_len=getattr(seq, "prompt_len", 0)))
         return kept
 
     def report(self) -> dict[str, Any]:
