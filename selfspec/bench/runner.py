@@ -259,9 +259,21 @@ def _baseline_hashes(path: Path, model: str, settings: dict[str, Any]) -> dict[s
 
 
 def _warm_up(llm: LLM, sample: BenchSample | None, s: BenchSettings) -> None:
-    """One short request through the engine so first-call costs stay out of the numbers."""
+    """First-call costs out of the numbers: CUDA graphs for every shape the runs can meet
+    (rows up to 3 per request, verify chunks, key lengths up to the cache), then one short
+    request per kind of mode."""
     if sample is None:
         return
+    runner = llm.engine.runner
+    if runner.static is not None and runner.static.capture:
+        from tqdm import tqdm
+
+        buckets = runner.static.buckets
+        rows = [b for b in buckets.batch if b <= max(1, 3 * s.concurrency)] or [buckets.batch[0]]
+        keys = runner.max_len
+        total = len(rows) * len(buckets.tokens) * len(set(_key_buckets(buckets, keys)))
+        with tqdm(total=total, desc="capture CUDA graphs", unit="graph") as bar:
+            runner.warm_up_graphs(rows, list(buckets.tokens), keys, progress=bar.update)
     short = BenchSettings(cot_cap=8, answer_cap=8, draft_budget=4, max_draft_len=4, fixed_length=True)
     for mode in ("baseline", "prefix+suffix"):
         run_engine_mode(llm, sample, mode, short)
@@ -270,3 +282,12 @@ def _warm_up(llm: LLM, sample: BenchSample | None, s: BenchSettings) -> None:
 def mismatches(records: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """(sample, mode) pairs whose output differs from the baseline's."""
     return [(r["sample_id"], r["mode"]) for r in records if r.get("exact_match") is False]
+
+
+def _key_buckets(buckets, max_len: int) -> list[int]:
+    out, n = [], buckets.min_keys
+    while True:
+        out.append(min(n, max_len))
+        if n >= max_len:
+            return out
+        n *= 2

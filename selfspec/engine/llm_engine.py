@@ -42,6 +42,7 @@ class EngineConfig:
     num_slots: int = 8  # 0: as many as `memory_fraction` of free memory holds (at most 256)
     memory_fraction: float = 0.5
     max_len: int | None = None  # None: min(model context, 4096)
+    clamp_max_len: bool = False  # a max_len beyond the model's context is cut to it (else an error)
     prefill_chunk: int = 512
     max_prefill_tokens_per_step: int = 1024
     max_padding_ratio: float | None = None  # None: 1.5 on CPU (padding costs compute), 16 on GPU
@@ -95,6 +96,8 @@ class Engine:
         self.tokenizer = tokenizer
         model_ctx = _model_context_length(model.config)
         max_len = self.config.max_len or min(model_ctx, 4096)
+        if self.config.clamp_max_len:
+            max_len = min(max_len, model_ctx)
         if max_len > model_ctx:
             raise ValueError(f"max_len={max_len} exceeds the model's context of {model_ctx} positions")
         device = next(model.parameters()).device

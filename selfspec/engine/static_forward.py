@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class GraphBuckets:
     """Which shapes get a static forward. Steps outside them run eagerly."""
 
-    batch: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     min_keys: int = 128  # smallest key bucket; buckets double up to the cache length
 

@@ -5,12 +5,14 @@
 Flags set the server's limits and the defaults every request inherits (SSR on/off,
 draft budgets, CoT and answer caps); a request overrides them in its `selfspec` object.
 `--model tiny` serves a random-weight test model (no download, for load tests and demos
-of the HTTP layer only: its text is noise).
+of the HTTP layer only: its text is noise). `--arbitrator DIR` (with `--draft`, or the draft
+the checkpoint records) lets requests opt in to CoSpec, the one lossy mode.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -23,8 +25,19 @@ _REUSE_MODES = ("off", "prefix", "suffix", "prefix+suffix")
 _SPECULATION_METHODS = ("suffix", "ngram")
 
 
-def load_llm(model: str, *, device: str = "cpu", dtype: str = "float32", num_slots: int = 8, max_len: int | None = None):
-    """The LLM to serve: a packaged name, GGUF file, local dir or hub id; or `tiny`."""
+def load_llm(
+    model: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    num_slots: int = 8,
+    max_len: int | None = None,
+    draft: str | None = None,
+):
+    """The LLM to serve: a packaged name, GGUF file, local dir or hub id; or `tiny`.
+
+    `draft` attaches a draft model (SpS / CoSpec): "layers:N" or a model name.
+    """
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
 
@@ -34,8 +47,34 @@ def load_llm(model: str, *, device: str = "cpu", dtype: str = "float32", num_slo
 
         tokenizer = tiny_tokenizer()
         net = tiny_model("qwen3", len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-        return LLM.from_model(net, tokenizer, engine_config=EngineConfig(num_slots=num_slots, max_len=max_len or 512), name=TINY_MODEL)
-    return LLM(model, device=device, dtype=dtype, engine_config=engine_config)
+        engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or 512)
+        return LLM.from_model(net, tokenizer, engine_config=engine_config, name=TINY_MODEL, draft=draft)
+    return LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft)
+
+
+def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: int) -> None:
+    """Validate the CoSpec flags before any model is loaded (ValueError names the flag)."""
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"--cospec-threshold must lie in [0, 1], got {threshold}")
+    if not 1 <= num_tokens <= 64:
+        raise ValueError(f"--cospec-k must be in [1, 64], got {num_tokens}")
+    if arbitrator is not None:
+        from selfspec.cospec.checkpoint import read_checkpoint_config
+
+        try:
+            read_checkpoint_config(arbitrator)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--arbitrator: {exc}") from None
+
+
+def attach_cospec(llm: Any, defaults: "RequestDefaults", arbitrator: Path, threshold: float, num_tokens: int) -> None:
+    """Load the arbitrator onto `llm`'s draft (attaching the checkpoint's draft if none) and
+    offer CoSpec to requests that opt in."""
+    from selfspec.cospec.checkpoint import load_arbitrator_for
+    from selfspec.server.config import CoSpecDefaults
+
+    loaded = load_arbitrator_for(llm, arbitrator)
+    defaults.cospec = CoSpecDefaults(arbitrator=loaded, threshold=threshold, num_speculative_tokens=num_tokens)
 
 
 def build_defaults(
@@ -122,6 +161,10 @@ def serve_command(
     think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Default for thinking (unset: the model's own default)."),
     temperature: float = typer.Option(0.0, help="Default sampling temperature when a request gives none (0 = greedy)."),
     default_max_tokens: Optional[int] = typer.Option(None, help="max_tokens for requests that give none (default: the room left in the context)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model for SpS/CoSpec: layers:N (the target's first N layers) or a model name (default with --arbitrator: the checkpoint's)."),
+    arbitrator: Optional[Path] = typer.Option(None, help="CoSpec arbitrator checkpoint directory; requests opt in with selfspec.cospec (LOSSY: responses say usage.selfspec.lossy=true)."),
+    cospec_threshold: float = typer.Option(0.6, help="CoSpec default: keep a draft token at a mismatch iff π(keep) >= this (0..1; 1 never keeps)."),
+    cospec_k: int = typer.Option(25, help="CoSpec default: draft tokens per round (1..64)."),
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, streaming, /metrics)."""
@@ -145,6 +188,7 @@ def serve_command(
             temperature=temperature,
             max_tokens=default_max_tokens,
         )
+        check_cospec_flags(arbitrator, cospec_threshold, cospec_k)
         config = ServerConfig(
             served_model_names=list(served_model_name or [model]),
             max_queue=max_queue,
@@ -156,15 +200,22 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        llm = load_llm(model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len)
+        llm = load_llm(model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len, draft=draft)
     except (ValueError, FileNotFoundError, OSError) as exc:
         typer.echo(f"error: could not load {model!r}: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    if arbitrator is not None:
+        try:
+            attach_cospec(llm, defaults, arbitrator, cospec_threshold, cospec_k)
+        except (ValueError, FileNotFoundError, OSError) as exc:
+            typer.echo(f"error: could not load the arbitrator {str(arbitrator)!r}: {exc}", err=True)
+            raise typer.Exit(code=2) from None
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(llm, config)
     typer.echo(
         f"serving {config.served_model_names} ({llm.engine.max_len}-token context, {num_slots} slots) "
         f"on http://{host}:{port}/v1" + (" (API key required)" if api_key else "")
+        + (f"; CoSpec (lossy) on request, default threshold {cospec_threshold:g}" if arbitrator is not None else "")
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
 

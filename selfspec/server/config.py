@@ -3,9 +3,35 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from selfspec.policies.speculative import SpeculationConfig
 from selfspec.ssr.config import SSRConfig
+
+
+@dataclass
+class CoSpecDefaults:
+    """CoSpec as this server offers it (CLI: `--draft`, `--arbitrator`, `--cospec-threshold`).
+
+    CoSpec is lossy, so it is never a default mode: a request opts in with a `cospec`
+    object in its `selfspec` options and gets these values for the fields it leaves out.
+    `arbitrator` is a loaded `selfspec.cospec.Arbitrator` on the served LLM's draft.
+    """
+
+    arbitrator: Any
+    threshold: float = 0.6
+    num_speculative_tokens: int = 25
+    max_prefix_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.arbitrator is None:
+            raise ValueError("CoSpec needs an arbitrator")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"the CoSpec threshold must lie in [0, 1], got {self.threshold}")
+        if not 1 <= self.num_speculative_tokens <= 64:
+            raise ValueError(f"the CoSpec draft block must hold 1..64 tokens, got {self.num_speculative_tokens}")
+        if self.max_prefix_tokens < 1:
+            raise ValueError("max_prefix_tokens must be >= 1")
 
 
 @dataclass
@@ -25,6 +51,7 @@ class RequestDefaults:
     fixed_length: bool = False
     temperature: float = 0.0
     max_tokens: int | None = None
+    cospec: CoSpecDefaults | None = None  # only requests that ask for it run CoSpec
 
     def __post_init__(self) -> None:
         if self.ssr is not None and self.speculation is not None:

@@ -4,7 +4,7 @@ Everything a client can get wrong is checked here, before the request reaches th
 engine thread, and raised as a 400 that names the field: the prompt (empty, unknown
 roles, longer than the context), `max_tokens` beyond the room the context leaves, token
 ids outside the vocabulary, SSR options that do not validate once merged over the
-server's defaults. Runs in a worker thread (tokenizing and chat templates take time);
+server's defaults, CoSpec asked of a server without an arbitrator or with sampling. Runs in a worker thread (tokenizing and chat templates take time);
 it reads the tokenizer and the engine's sizes, never the engine's state.
 """
 
@@ -17,17 +17,18 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from selfspec.cospec.policy import CoSpecConfig
 from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
 from selfspec.policies.speculative import SpeculationConfig
 from selfspec.policies.thinking import ThinkingLimits
 from selfspec.server.config import RequestDefaults
 from selfspec.server.errors import APIError, from_validation_error
-from selfspec.server.schemas import ChatCompletionRequest, CompletionRequest, SelfspecOptions
+from selfspec.server.schemas import ChatCompletionRequest, CoSpecOptions, CompletionRequest, SelfspecOptions
 from selfspec.ssr.config import SSRConfig
 
 log = logging.getLogger("selfspec.server")
 
-Spec = SSRConfig | SpeculationConfig | None
+Spec = SSRConfig | SpeculationConfig | CoSpecConfig | None
 
 
 @dataclass
@@ -37,7 +38,7 @@ class RequestPlan:
     spec: Spec
     limits: ThinkingLimits | None
     thinking: bool | None
-    mode: str  # "plain" | "ssr" | "suffix" | "ngram"
+    mode: str  # "plain" | "ssr" | "suffix" | "ngram" | "draft" | "cospec" (the one lossy mode)
     timeout_s: float
 
 
@@ -62,8 +63,32 @@ def _merge_config(cls: type[BaseModel], default: BaseModel | None, requested: Ba
         raise from_validation_error(exc, prefix=f"selfspec.{name}") from None
 
 
+def resolve_cospec(options: SelfspecOptions, defaults: RequestDefaults) -> CoSpecConfig:
+    """The request's CoSpec settings over the server's; 400 when the server has no arbitrator."""
+    served = defaults.cospec
+    if served is None:
+        raise APIError(
+            400,
+            "this server offers no CoSpec: start it with --arbitrator (and --draft) to allow selfspec.cospec",
+            param="selfspec.cospec",
+            code="cospec_unavailable",
+        )
+    requested = options.cospec if isinstance(options.cospec, CoSpecOptions) else CoSpecOptions()
+    return CoSpecConfig(
+        num_speculative_tokens=requested.num_speculative_tokens or served.num_speculative_tokens,
+        threshold=served.threshold if requested.threshold is None else requested.threshold,
+        max_prefix_tokens=served.max_prefix_tokens,
+        arbitrator=served.arbitrator,
+    )
+
+
 def resolve_spec(options: SelfspecOptions, defaults: RequestDefaults) -> tuple[Spec, str]:
-    """Which speculation the request runs: its own choice, else the server's default."""
+    """Which speculation the request runs: its own choice, else the server's default.
+
+    CoSpec is never a default (it is lossy): only a request that names it runs it.
+    """
+    if options.cospec is not None and options.cospec is not False:
+        return resolve_cospec(options, defaults), "cospec"
     chosen: dict[str, BaseModel | None] = {}
     for name, cls, default in (("ssr", SSRConfig, defaults.ssr), ("speculation", SpeculationConfig, defaults.speculation)):
         value = getattr(options, name)
@@ -213,6 +238,12 @@ class RequestPlanner:
         except InvalidSamplingParams as exc:
             match = _PARAM_NAME.search(str(exc))
             raise APIError(400, str(exc), param=match.group(1) if match else None) from None
+        if mode == "cospec" and not params.greedy:
+            raise APIError(
+                400,
+                "CoSpec arbitrates greedy verification tokens: send temperature 0 with selfspec.cospec",
+                param="temperature",
+            )
         limits = resolve_limits(body.options, self.defaults)
         timeout = self.request_timeout_s
         if body.options.timeout_s is not None:

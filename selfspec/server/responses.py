@@ -17,14 +17,15 @@ def build_usage(finished: Finished, prompt_tokens: int, mode: str) -> dict[str, 
     m = finished.metrics
     completion = len(finished.output_ids)
     cot = int(m.get("cot_tokens", 0))
-    return {
+    usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "completion_tokens_details": {"reasoning_tokens": cot},
         "selfspec": {
             "mode": mode,
-            "lossy": False,
+            # True only for CoSpec (its policy reports it); every other mode is exact.
+            "lossy": bool(m.get("lossy", False)),
             "cot_tokens": cot,
             "answer_tokens": int(m.get("answer_tokens", 0)),
             "accepted_prefix": int(m.get("accepted_prefix", 0)),
@@ -41,6 +42,13 @@ def build_usage(finished: Finished, prompt_tokens: int, mode: str) -> dict[str, 
             "total_s": finished.total_s,
         },
     }
+    if mode == "cospec":
+        usage["selfspec"].update(
+            cospec_threshold=m.get("cospec_threshold"),
+            kept_draft_tokens=int(m.get("kept_draft_tokens", 0)),
+            arbitrations=int(m.get("arbitrations", 0)),
+        )
+    return usage
 
 
 def finish_reason(finished: Finished) -> str:

@@ -69,12 +69,26 @@ class ResponseFormat(_Lenient):
     type: Literal["text"]
 
 
+class CoSpecOptions(_Strict):
+    """Opt in to CoSpec (LOSSY: the arbitrator may keep draft tokens the target would not
+    have chosen; the response says `usage.selfspec.lossy: true`). Needs a server started
+    with an arbitrator and greedy decoding; unset fields take the server's defaults.
+
+    threshold: keep the draft token at a mismatch iff π(keep) >= threshold; 1 never keeps.
+    num_speculative_tokens: draft tokens per round (K).
+    """
+
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    num_speculative_tokens: int | None = Field(default=None, ge=1, le=64)
+
+
 class SelfspecOptions(_Strict):
     """selfspec's per-request options.
 
     ssr: SSR settings (merged over the server's defaults); `true` uses the defaults,
       `false` turns SSR off for this request.
     speculation: suffix decoding / prompt lookup instead of SSR (same merging rules).
+    cospec: CoSpec with the server's arbitrator (lossy; `true` uses the server's defaults).
     thinking: let the model think first (default: the model's own default).
     cot_cap / answer_cap / fixed_length: the thinking length rules (`ThinkingLimits`).
     timeout_s: give up after this many seconds (at most the server's timeout).
@@ -82,6 +96,7 @@ class SelfspecOptions(_Strict):
 
     ssr: Union[SSRConfig, bool, None] = Field(default=None, union_mode="left_to_right")
     speculation: Union[SpeculationConfig, bool, None] = Field(default=None, union_mode="left_to_right")
+    cospec: Union[CoSpecOptions, bool, None] = Field(default=None, union_mode="left_to_right")
     thinking: bool | None = None
     cot_cap: int | None = Field(default=None, ge=1)
     answer_cap: int | None = Field(default=None, ge=1)
@@ -92,6 +107,8 @@ class SelfspecOptions(_Strict):
     def _one_speculation_source(self) -> "SelfspecOptions":
         if _is_on(self.ssr) and _is_on(self.speculation):
             raise ValueError("give either ssr or speculation, not both")
+        if _is_on(self.cospec) and (_is_on(self.ssr) or _is_on(self.speculation)):
+            raise ValueError("cospec is a speculation mode of its own; give it without ssr or speculation")
         return self
 
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One resumable slice of the H200 benchmark (issue 4), run on the lent GPU machine:
+#     source scripts/device_setup.sh && bash scripts/gpu_bench.sh MODEL BENCH OFFSET LIMIT [more bench options]
+# e.g.  bash scripts/gpu_bench.sh smollm2 humaneval 0 32 --modes baseline,prefix+suffix,suffix-decoding,prompt-lookup
+# Records append to benchmarks/results/h200/raw/<model>_<bench>.jsonl (resume skips what is
+# there) and a copy goes to $OUT; copy it back into the same path here before the next slice,
+# so the next call carries it. Paper-row settings (CoT 2000, draft at 500, <= 500 draft
+# tokens, answer cap per benchmark) are the CLI defaults; fp32 keeps lossless modes
+# token-exact (bf16 kernels change with the batch shape); 8 samples share a batch.
+set -euo pipefail
+model=$1; bench=$2; offset=$3; limit=$4; shift 4
+out=benchmarks/results/h200/raw/${model}_${bench//\//-}.jsonl
+mkdir -p "$(dirname "$out")"
+python3 -m selfspec.cli.main bench -b "$bench" --model "$model" --device cuda --dtype float32 \
+  --concurrency 8 --offset "$offset" --limit "$limit" --score --out "$out" "$@"
+if [ -n "${OUT:-}" ]; then cp "$out" "$OUT/"; fi

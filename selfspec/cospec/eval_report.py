@@ -1,0 +1,163 @@
+"""Files of a CoSpec eval: results.jsonl, report.md and the speed–score curve (PNG).
+
+The report keeps the lossy rows visibly apart: every CoSpec row is labelled LOSSY in the
+table and carries `lossy: true` in the JSONL, so a speedup can never be read as if it came
+with the target's exact output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from selfspec.cospec.evaluate import CoSpecEvalResults
+
+RESULTS_FILE = "results.jsonl"
+REPORT_FILE = "report.md"
+PLOT_FILE = "speed_score.png"
+
+
+def _fmt(value: Any, pattern: str = "{:.3f}") -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _mode_name(row: dict[str, Any]) -> str:
+    if row["mode"] == "target":
+        return "target only"
+    if row["mode"] == "sps":
+        return "SpS (lossless)"
+    return f"CoSpec λ={row['threshold']:g} **LOSSY**"
+
+
+def render_markdown(results: CoSpecEvalResults) -> str:
+    """One table per task (score, speed, τ, kept tokens) and the counterfactual agreement."""
+    cfg, meta = results.config, results.meta
+    lines = [
+        f"# CoSpec eval: `{meta.get('model', '?')}` (draft `{meta.get('draft', '?')}`)",
+        "",
+        "CoSpec rows are **LOSSY**: the arbitrator may keep a draft token the target would not have chosen, so "
+        "their outputs differ from the target's greedy output. Target-only and SpS rows are lossless "
+        "(`same as target` checks it token for token).",
+        "",
+        f"- tasks: {', '.join(cfg['tasks'])}; {cfg['n']} held-out items each (seed {cfg['seed']})",
+        f"- K = {cfg['k']} draft tokens per round; max tokens {cfg['max_tokens']}; greedy; batch 1, modes interleaved per item",
+        f"- arbitrator: {meta.get('arbitrator') or 'none (target-only and SpS rows only)'}",
+        f"- device: {meta.get('device', '?')}, dtype {meta.get('dtype', '?')}",
+        "",
+        "Speedup: target-only total latency / the mode's total latency on the same items. τ: output tokens per "
+        "target decode forward. Acceptance: accepted / proposed draft tokens. Kept: draft tokens kept by the "
+        "arbitrator at mismatches.",
+    ]
+    tasks = list(dict.fromkeys(row["task"] for row in results.summaries))
+    for task in tasks:
+        lines += [
+            "",
+            f"## {task}",
+            "",
+            "| mode | lossy | accuracy | mean score | mean latency (s) | speedup | tok/s | τ | acceptance | kept draft tokens | arbitrations | same as target |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in (r for r in results.summaries if r["task"] == task):
+            lines.append(
+                f"| {_mode_name(row)} | {'yes' if row['lossy'] else 'no'} | {_pct(row['accuracy'])} | {_fmt(row['mean_score'])} | "
+                f"{_fmt(row['mean_latency_s'])} | {_fmt(row['speedup'], '{:.2f}x')} | {_fmt(row['tokens_per_s'], '{:.1f}')} | "
+                f"{_fmt(row['tau'], '{:.2f}')} | {_pct(row['acceptance'])} | {row['kept_draft_tokens']} | {row['arbitrations']} | "
+                f"{_pct(row['same_as_target'])} |"
+            )
+        cf = [r for r in results.counterfactual_summaries if r["task"] == task]
+        if cf:
+            first = cf[0]
+            lines += [
+                "",
+                f"Counterfactual agreement ({first['states']} sampled mismatch states on the SpS path, "
+                f"{first['decisive_states']} decisive; draft branch better in {first['draft_branch_better']}, "
+                f"target branch better in {first['target_branch_better']}):",
+                "",
+                "| λ | kept share | agreement (all states) | agreement (decisive states) |",
+                "| --- | --- | --- | --- |",
+            ]
+            for row in cf:
+                lines.append(
+                    f"| {row['threshold']:g} | {_pct(row['kept_share'])} | {_pct(row['agreement'])} | {_pct(row['decisive_agreement'])} |"
+                )
+    lines += [
+        "",
+        "Counterfactual agreement: at a mismatch state both branches (draft token / target token) are continued "
+        "greedily by the target to the same budget and scored; the arbitrator's choice at λ (keep iff π ≥ λ) agrees "
+        "when its branch scores at least as well as the other. Decisive states: the branches score differently.",
+        "",
+        f"![speed vs score]({PLOT_FILE})",
+    ]
+    if meta.get("command"):
+        lines += ["", "Command:", "", "```", meta["command"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
+    """Mean score against speedup per task: target and SpS points, the CoSpec curve over λ."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(row["task"] for row in results.summaries)) or ["(none)"]
+    cols = min(3, len(tasks))
+    rows = (len(tasks) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 4.0 * rows), squeeze=False)
+    for axis, task in zip(axes.flat, tasks):
+        summary = [r for r in results.summaries if r["task"] == task]
+        for row in summary:
+            x, y = row["speedup"] or 0.0, row["mean_score"] or 0.0
+            if row["mode"] == "target":
+                axis.scatter([x], [y], marker="o", color="black", zorder=3, label="target only")
+            elif row["mode"] == "sps":
+                axis.scatter([x], [y], marker="s", color="tab:blue", zorder=3, label="SpS (lossless)")
+        cospec = sorted((r for r in summary if r["mode"] == "cospec"), key=lambda r: r["threshold"])
+        if cospec:
+            xs = [r["speedup"] or 0.0 for r in cospec]
+            ys = [r["mean_score"] or 0.0 for r in cospec]
+            axis.plot(xs, ys, marker="^", color="tab:red", label="CoSpec (LOSSY)")
+            for r, x, y in zip(cospec, xs, ys):
+                axis.annotate(f"λ={r['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        axis.set_title(task, fontsize=10)
+        axis.set_xlabel("speedup vs target-only (latency)")
+        axis.set_ylabel("mean score")
+        axis.set_ylim(-0.05, 1.05)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7, loc="lower left")
+    for axis in list(axes.flat)[len(tasks):]:
+        axis.axis("off")
+    fig.suptitle(f"CoSpec speed–score: {results.meta.get('model', '?')}", fontsize=11)
+    fig.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def write_jsonl(lines: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    target = Path(path)
+    with target.open("w") as handle:
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return target
+
+
+def write_outputs(results: CoSpecEvalResults, out_dir: str | Path) -> list[Path]:
+    """results.jsonl, report.md and speed_score.png under `out_dir`."""
+    target = Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    paths = [write_jsonl(results.lines(), target / RESULTS_FILE)]
+    (target / REPORT_FILE).write_text(render_markdown(results))
+    paths.append(target / REPORT_FILE)
+    paths.append(plot_speed_score(results, target / PLOT_FILE))
+    return paths
+
+
+__all__ = ["PLOT_FILE", "REPORT_FILE", "RESULTS_FILE", "plot_speed_score", "render_markdown", "write_outputs"]
