@@ -9,7 +9,7 @@
 # token-exact (bf16 kernels change with the batch shape); 8 samples share a batch.
 set -euo pipefail
 model=$1; bench=$2; offset=$3; limit=$4; shift 4
-out=benchmarks/results/h200/raw/${model}_${bench//\//-}.jsonl
+name=$(basename "$model"); out=benchmarks/results/h200/raw/${name}_${bench//\//-}.jsonl
 mkdir -p "$(dirname "$out")"
 python3 -m selfspec.cli.main bench -b "$bench" --model "$model" --device cuda --dtype float32 \
   --concurrency 8 --offset "$offset" --limit "$limit" --score --out "$out" "$@"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from selfspec.cospec import ArbitrationState, Arbitrator, CoSpecConfig, build_batch, hybrid_mask, hybrid_positions
+from selfspec.cospec.checkpoint import load_arbitrator, load_arbitrator_for, read_checkpoint_config, save_arbitrator
 from selfspec.cospec.policy import CoSpecPolicy
 from selfspec.cospec.training import (
     PPOSettings,
@@ -26,6 +27,7 @@ from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.policies.speculative import SpeculationConfig
+from selfspec.spec.draft_model import shallow_draft
 from selfspec.spec.proposal import Proposal
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
@@ -133,6 +135,69 @@ def test_save_and_load_round_trip(llm, arbitrator, tmp_path):
     assert not torch.allclose(restored.keep_probability([state]), arbitrator.keep_probability([state]))
 
 
+def _trained_copy(llm, seed: int = 3) -> Arbitrator:
+    """A fresh arbitrator whose adapters and head are moved off their init (so they matter)."""
+    trained = Arbitrator.from_draft(llm.draft_runner.model, seed=seed)
+    with torch.no_grad():
+        for name, param in trained.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.05)
+        trained.head.bias.add_(0.3)
+    return trained
+
+
+def test_checkpoint_files_and_identical_head_outputs(llm, arbitrator, tmp_path):
+    import json
+
+    trained = _trained_copy(llm)
+    path = save_arbitrator(trained, tmp_path / "arb", draft="layers:1", target="tiny-target", training={"data_seeds": [7]})
+    names = {p.name for p in path.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "head.safetensors", "arbitrator.json"} <= names
+    config = read_checkpoint_config(path)
+    assert (config.lora.r, config.lora.alpha, config.lora.dropout) == (16, 32, 0.05)
+    assert (config.draft, config.target, config.draft_layers) == ("layers:1", "tiny-target", 1)
+    assert config.training == {"data_seeds": [7]}
+    peft_config = json.loads((path / "adapter_config.json").read_text())
+    assert peft_config["r"] == 16 and peft_config["lora_alpha"] == 32
+    restored = load_arbitrator(path, llm.draft_runner.model)
+    states = [
+        ArbitrationState(prefix=(10, 11, 12), draft_block=(20, 21), target_block=(30, 31, 32)),
+        ArbitrationState(prefix=tuple(range(40, 70)), draft_block=(5,), target_block=(7, 8)),
+    ]
+    with torch.inference_mode():
+        assert torch.equal(restored(build_batch(states)), trained(build_batch(states)))
+    assert not torch.allclose(restored.keep_probability(states), arbitrator.keep_probability(states))
+    assert restored.identity == {"draft": "layers:1", "target": "tiny-target", "training": {"data_seeds": [7]}}
+    # Saving the reloaded arbitrator again keeps its recorded identity.
+    again = read_checkpoint_config(save_arbitrator(restored, tmp_path / "again"))
+    assert (again.draft, again.target, again.training) == ("layers:1", "tiny-target", {"data_seeds": [7]})
+
+
+def test_checkpoint_refuses_another_draft_or_target(llm, tmp_path):
+    path = save_arbitrator(_trained_copy(llm), tmp_path / "arb", draft="layers:1", target="tiny-target")
+    with pytest.raises(ValueError, match="draft_layers=1"):
+        load_arbitrator(path, shallow_draft(llm.model, 2))
+    with pytest.raises(ValueError, match="target"):
+        load_arbitrator(path, llm.draft_runner.model, target="another-model")
+    with pytest.raises(ValueError, match="draft"):
+        load_arbitrator(path, llm.draft_runner.model, draft="layers:2")
+    with pytest.raises(FileNotFoundError):
+        read_checkpoint_config(tmp_path / "missing")
+
+
+def test_load_for_an_llm_attaches_the_recorded_draft(llm, tok, tmp_path):
+    trained = _trained_copy(llm)
+    path = save_arbitrator(trained, tmp_path / "arb", draft="layers:1")
+    fresh = LLM.from_model(llm.model, tok, engine_config=EngineConfig(num_slots=2, max_len=128))
+    assert fresh.draft_runner is None
+    restored = load_arbitrator_for(fresh, path)
+    assert fresh.draft_spec == "layers:1" and len(fresh.draft_runner.model.model.layers) == 1
+    state = ArbitrationState(prefix=(10, 11, 12), draft_block=(20, 21), target_block=(30, 31, 32))
+    torch.testing.assert_close(restored.keep_probability([state]), trained.keep_probability([state]), rtol=0, atol=0)
+    out = fresh.generate(PROMPTS[:2], SamplingParams(max_tokens=12), spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.5, arbitrator=restored))
+    assert all(o.metrics["lossy"] is True for o in out)
+
+
 # ------------------------------------------------------------------ verification rule
 
 
@@ -163,6 +228,7 @@ def _verify(policy: CoSpecPolicy, draft: list[int], targets: list[int]):
         (0.7, 0.6, 2, (4, 11), 2),  # the second mismatch is arbitrated too: all kept, bonus token
         (0.5, 0.6, 1, (1, 8), 0),  # π below λ: the target's token, as SpS
         (1.0, 1.01, 1, (1, 8), 0),  # λ > 1 never keeps
+        (1.0, 1.0, 1, (1, 8), 0),  # λ = 1 never keeps either, even at a saturated π = 1
         (0.0, 0.0, 1, (3, 9), 1),  # λ = 0 always keeps
     ],
 )

@@ -155,6 +155,12 @@ def _register_subcommands() -> None:
         pass
     else:
         app.add_typer(thinker_app, name="thinker")
+    try:
+        from selfspec.cospec.cli import cospec_app
+    except ImportError:
+        pass
+    else:
+        app.add_typer(cospec_app, name="cospec")
 
 
 _register_subcommands()

@@ -34,6 +34,15 @@ def _mode_name(row: dict[str, Any]) -> str:
     return f"CoSpec λ={row['threshold']:g} **LOSSY**"
 
 
+def _arbitrator_line(meta: dict[str, Any]) -> str:
+    if not meta.get("with_arbitrator"):
+        return "none (target-only and SpS rows only)"
+    config = meta.get("arbitrator_config") or {}
+    lora = config.get("lora") or {}
+    facts = f" (LoRA r {lora['r']}, α {lora['alpha']}; trained on draft {config.get('draft')!r})" if lora else ""
+    return f"`{meta.get('arbitrator') or 'in memory'}`{facts}"
+
+
 def render_markdown(results: CoSpecEvalResults) -> str:
     """One table per task (score, speed, τ, kept tokens) and the counterfactual agreement."""
     cfg, meta = results.config, results.meta
@@ -46,7 +55,7 @@ def render_markdown(results: CoSpecEvalResults) -> str:
         "",
         f"- tasks: {', '.join(cfg['tasks'])}; {cfg['n']} held-out items each (seed {cfg['seed']})",
         f"- K = {cfg['k']} draft tokens per round; max tokens {cfg['max_tokens']}; greedy; batch 1, modes interleaved per item",
-        f"- arbitrator: {meta.get('arbitrator') or 'none (target-only and SpS rows only)'}",
+        f"- arbitrator: {_arbitrator_line(meta)}",
         f"- device: {meta.get('device', '?')}, dtype {meta.get('dtype', '?')}",
         "",
         "Speedup: target-only total latency / the mode's total latency on the same items. τ: output tokens per "
@@ -129,7 +138,7 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
         axis.set_ylabel("mean score")
         axis.set_ylim(-0.05, 1.05)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, loc="lower left")
+        axis.legend(fontsize=7, loc="best")
     for axis in list(axes.flat)[len(tasks):]:
         axis.axis("off")
     fig.suptitle(f"CoSpec speed–score: {results.meta.get('model', '?')}", fontsize=11)

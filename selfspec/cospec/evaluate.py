@@ -306,6 +306,7 @@ def counterfactual(
             {
                 "kind": "counterfactual",
                 "task": task.name,
+                "lossy": True,  # a CoSpec decision (keeping the draft token is the lossy branch)
                 "uid": item.uid,
                 "position": len(decision.context) - decision.prompt_len,
                 "keep_probability": round(p, 4),
@@ -403,9 +404,15 @@ def run_cospec_eval(
     total = sum(len(t.items) * len(modes) + (len(t.items) + states if states else 0) for t in tasks)
     bar = tqdm(total=total, desc="cospec eval", unit="run", disable=not progress)
     ctx = _Ctx(llm, arbitrator, config, SamplingParams(max_tokens=config.max_tokens), tick=bar.update)
+    defaults = {
+        "model": getattr(llm, "model_name", "custom"),
+        "draft": getattr(llm, "draft_spec", None),
+        "device": str(llm.engine.device),
+        "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
+    }
     results = CoSpecEvalResults(
         config=config.describe(),
-        meta={**(meta or {}), "modes": [m.label for m in modes], "with_arbitrator": arbitrator is not None},
+        meta={**defaults, **(meta or {}), "modes": [m.label for m in modes], "with_arbitrator": arbitrator is not None},
     )
     try:
         if config.warmup:

@@ -1,0 +1,150 @@
+"""`selfspec cospec eval` on a tiny random model: files, LOSSY marking, λ = 1 exactness, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from selfspec.cli.main import app
+from selfspec.cospec import Arbitrator, CoSpecConfig
+from selfspec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
+from selfspec.cospec.cli import parse_thresholds
+from selfspec.cospec.eval_report import write_outputs
+from selfspec.cospec.eval_tasks import parse_tasks
+from selfspec.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
+from selfspec.engine.sampling import SamplingParams
+from selfspec.policies.speculative import SpeculationConfig
+from selfspec.server.cli import load_llm
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny arbitrator (adapters and head moved off their init) saved as a checkpoint."""
+    llm = load_llm("tiny", num_slots=2, max_len=2048, draft="layers:1")
+    arbitrator = Arbitrator.from_draft(llm.draft_runner.model, seed=1)
+    with torch.no_grad():
+        for name, param in arbitrator.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.05)
+    return save_arbitrator(arbitrator, tmp_path_factory.mktemp("ckpt") / "arb", draft="layers:1", target="tiny")
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return load_llm("tiny", num_slots=4, max_len=2048, draft="layers:1")
+
+
+@pytest.fixture(scope="module")
+def arbitrator(llm, checkpoint):
+    return load_arbitrator_for(llm, checkpoint)
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_eval_pipeline_writes_files_and_marks_cospec_lossy(llm, arbitrator, tmp_path):
+    config = CoSpecEvalConfig(
+        tasks=("arithmetic_search",), n=2, thresholds=(0.0, 1.0), k=4, max_tokens=24, counterfactual_states=2, warmup=False
+    )
+    results = run_cospec_eval(llm, config, arbitrator, progress=False)
+    paths = write_outputs(results, tmp_path / "out")
+    assert [p.name for p in paths] == ["results.jsonl", "report.md", "speed_score.png"]
+    assert (tmp_path / "out" / "speed_score.png").read_bytes()[:8] == PNG_MAGIC
+    lines = _lines(tmp_path / "out" / "results.jsonl")
+    assert lines[0]["kind"] == "config" and lines[0]["config"]["thresholds"] == [0.0, 1.0]
+    items = [r for r in lines if r["kind"] == "item"]
+    summaries = [r for r in lines if r["kind"] == "summary"]
+    assert len(items) == 2 * 4 and [s["label"] for s in summaries] == ["target", "sps", "cospec@0", "cospec@1"]
+    for row in items + summaries:
+        assert row["lossy"] is (row["mode"] == "cospec"), row
+    assert all(r["lossy"] is True for r in lines if r["kind"].startswith("counterfactual"))
+    by_label = {s["label"]: s for s in summaries}
+    # SpS and λ = 1 are exact; λ = 0 keeps draft tokens at mismatches and changes the output.
+    assert by_label["sps"]["same_as_target"] == 1.0 and by_label["sps"]["kept_draft_tokens"] == 0
+    assert by_label["cospec@1"]["same_as_target"] == 1.0 and by_label["cospec@1"]["kept_draft_tokens"] == 0
+    assert by_label["cospec@0"]["kept_draft_tokens"] > 0 and by_label["cospec@0"]["same_as_target"] < 1.0
+    assert by_label["target"]["tau"] == 1.0 and by_label["cospec@0"]["tau"] > by_label["sps"]["tau"]
+    assert all(s["speedup"] is not None and s["accuracy"] is not None for s in summaries)
+    states = [r for r in lines if r["kind"] == "counterfactual"]
+    assert 1 <= len(states) <= 2
+    for state in states:
+        assert state["choice"] == {"0": "draft", "1": "target"}  # λ = 0 always keeps, λ = 1 never
+        assert set(state["agrees"]) == {"0", "1"} and 0.0 <= state["keep_probability"] <= 1.0
+    agreement = [r for r in lines if r["kind"] == "counterfactual_summary"]
+    assert [r["threshold"] for r in agreement] == [0.0, 1.0] and agreement[0]["states"] == len(states)
+    report = (tmp_path / "out" / "report.md").read_text()
+    cospec_rows = [line for line in report.splitlines() if line.startswith("| CoSpec")]
+    assert len(cospec_rows) == 2 and all("LOSSY" in line for line in cospec_rows)
+    assert "| SpS (lossless) | no |" in report and "speed_score.png" in report
+
+
+def test_threshold_one_is_lossless_and_zero_keeps_draft_tokens(llm, arbitrator):
+    prompts = ["What is 12 + 30?", "Write a counter class", "Route from A to B"]
+    params = SamplingParams(max_tokens=32)
+    target = llm.generate(prompts, params)
+    sps = llm.generate(prompts, params, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
+    never = llm.generate(prompts, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=1.0, arbitrator=arbitrator))
+    always = llm.generate(prompts, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator))
+    for t, s, n in zip(target, sps, never):
+        assert t.token_ids == s.token_ids == n.token_ids
+        assert n.metrics["lossy"] is True and n.metrics["kept_draft_tokens"] == 0
+    assert sum(n.metrics["arbitrations"] for n in never) > 0, "no mismatch was arbitrated"
+    assert sum(a.metrics["kept_draft_tokens"] for a in always) > 0
+    assert any(a.token_ids != t.token_ids for a, t in zip(always, target))
+
+
+def test_eval_refuses_training_seeds_and_bad_options(llm, arbitrator):
+    with pytest.raises(ValueError, match="training stream"):
+        run_cospec_eval(llm, CoSpecEvalConfig(tasks=("route_finding",), n=1, seed=0), arbitrator, progress=False)
+    arbitrator.identity = {**arbitrator.identity, "training": {"data_seeds": [1234]}}
+    try:
+        with pytest.raises(ValueError, match="data_seeds"):
+            run_cospec_eval(llm, CoSpecEvalConfig(tasks=("route_finding",), n=1, seed=1234), arbitrator, progress=False)
+    finally:
+        arbitrator.identity = {**arbitrator.identity, "training": {}}
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        parse_thresholds("0.5,1.5")
+    with pytest.raises(ValueError, match="unknown tasks"):
+        parse_tasks("gsm8k,nope")
+    with pytest.raises(ValueError, match="thresholds"):
+        CoSpecEvalConfig(thresholds=(-0.1,))
+
+
+def test_cli_eval_end_to_end(checkpoint, tmp_path):
+    out = tmp_path / "cli"
+    args = [
+        "cospec", "eval", "--model", "tiny", "--arbitrator", str(checkpoint), "--tasks", "gsm8k", "--n", "2",
+        "--thresholds", "0,1", "--k", "4", "--max-tokens", "16", "--counterfactual-states", "1", "--max-len", "2048",
+        "--device", "cpu", "--dtype", "float32", "--no-progress", "--no-warmup", "--out", str(out),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = _lines(out / "results.jsonl")
+    assert lines[0]["draft"] == "layers:1", "the draft comes from the checkpoint"
+    assert lines[0]["arbitrator_config"]["target"] == "tiny"
+    assert {r["label"] for r in lines if r["kind"] == "summary"} == {"target", "sps", "cospec@0", "cospec@1"}
+    assert all(r["lossy"] for r in lines if r.get("mode") == "cospec")
+    assert (out / "report.md").exists() and (out / "speed_score.png").read_bytes()[:8] == PNG_MAGIC
+    assert "selfspec cospec eval --model tiny" in (out / "report.md").read_text()
+
+
+def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
+    out = tmp_path / "plain"
+    args = [
+        "cospec", "eval", "--model", "tiny", "--draft", "layers:1", "--tasks", "gsm8k", "--n", "1", "--k", "4",
+        "--max-tokens", "8", "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress",
+        "--no-warmup", "--out", str(out),
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = _lines(out / "results.jsonl")
+    assert [r["label"] for r in lines if r["kind"] == "summary"] == ["target", "sps"]
+    assert not [r for r in lines if r["kind"].startswith("counterfactual")]
+    bad = CliRunner().invoke(app, ["cospec", "eval", "--model", "tiny", "--thresholds", "2", "--out", str(out)])
+    assert bad.exit_code == 2 and "thresholds" in bad.output
