@@ -92,3 +92,11 @@ def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path)
     for r in batched:
         assert r["output_hash"] == single[(r["sample_id"], r["mode"])]
         assert r["latency_s"] > 0
+    # The report pairs the two runs: per-mode speedups one at a time vs batched.
+    _, single_path, _ = bench_run
+    rep = tmp_path / "rep"
+    result = CliRunner().invoke(app, ["bench", "report", str(single_path), str(out), "--out-dir", str(rep)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    text = (rep / "report.md").read_text()
+    assert "## Concurrency check" in text and "concurrency 1 vs 2, 2 common samples" in text
+    assert "| prefix+suffix | " in text.split("## Concurrency check")[1]

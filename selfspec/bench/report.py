@@ -388,12 +388,56 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         summary["budget_plots"].append({"model": head.model, "benchmark": head.benchmark, "plot": png.name,
                                         "draft_budgets": budgets})
 
+    checks = concurrency_checks(groups)
+    if checks:
+        md += ["## Concurrency check: per-request speedups with one request at a time vs a shared batch", "",
+               "Samples run both ways; each speedup is paired within its own run's baseline. Batched runs are "
+               "trusted only where these agree within noise.", ""]
+        for check in checks:
+            md += [f"{check['label']} (concurrency 1 vs {check['concurrency']}, {check['n_common']} common samples):", "",
+                   "| mode | speedup, one at a time | speedup, batched | difference |", "|---|---|---|---|"]
+            for mode, row in check["modes"].items():
+                md.append(f"| {mode} | {_fmt(row['single'], '.3f', 'x')} | {_fmt(row['batched'], '.3f', 'x')} | "
+                          f"{_fmt(row['difference'], '+.3f')} |")
+            md.append("")
+        summary["concurrency_checks"] = checks
+
     md += [paper_table(), ""]
     summary["paper"] = {"latency_reduction_pct": PAPER_LATENCY_REDUCTION_PCT, "ablation_gemma_classeval_speedup": PAPER_ABLATION_SPEEDUP}
     report_path = out_dir / "report.md"
     report_path.write_text("\n".join(md))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return report_path
+
+
+def concurrency_checks(groups: list[Group]) -> list[dict[str, Any]]:
+    """Pairs of runs that differ only in `concurrency` (1 vs N): per-mode speedups on their common samples."""
+    by_key: dict[tuple, dict[int, Group]] = defaultdict(dict)
+    for g in groups:
+        key = (g.model, g.benchmark, _settings_key(g.settings, drop=("concurrency",)))
+        by_key[key][int(g.settings.get("concurrency", 1))] = g
+    checks = []
+    for runs in by_key.values():
+        single = runs.get(1)
+        for level, batched in sorted(runs.items()):
+            if level == 1 or single is None:
+                continue
+            common = {r["sample_id"] for r in single.records} & {r["sample_id"] for r in batched.records}
+            if not common:
+                continue
+            modes: dict[str, dict[str, Any]] = {}
+            for mode in mode_order(r["mode"] for r in batched.records):
+                if mode == BASELINE:
+                    continue
+                row = {}
+                for name, group in (("single", single), ("batched", batched)):
+                    base = {r["sample_id"]: r for r in group.records if r["mode"] == BASELINE and r["sample_id"] in common}
+                    recs = [r for r in group.records if r["mode"] == mode and r["sample_id"] in common]
+                    row[name] = mode_stats(recs, base)["speedup"] if recs else None
+                row["difference"] = None if None in (row["single"], row["batched"]) else row["batched"] - row["single"]
+                modes[mode] = row
+            checks.append({"label": single.label, "concurrency": level, "n_common": len(common), "modes": modes})
+    return checks
 
 
 def _budget_series(family: list[Group], no_loops: bool = False) -> dict[str, list[tuple[float, float]]]:

@@ -1,7 +1,9 @@
 """CoSpec: speculative decoding where a learned arbitrator may keep draft tokens (lossy).
 
 `CoSpecConfig(arbitrator=Arbitrator.from_draft(llm.draft_runner.model))` is passed as `spec=`
-to `LLM.generate`; `training` holds the SFT and PPO steps that train the arbitrator.
+to `LLM.generate`; `training` holds the SFT and PPO steps that train the arbitrator;
+`checkpoint` saves/loads a trained one (`save_arbitrator`, `load_arbitrator`); `evaluate`
+(+ `eval_tasks`, `eval_report`, `cli`) is `selfspec cospec eval`.
 """
 
 from selfspec.cospec.arbitrator import (
@@ -13,6 +15,7 @@ from selfspec.cospec.arbitrator import (
     hybrid_mask,
     hybrid_positions,
 )
+from selfspec.cospec.checkpoint import load_arbitrator, load_arbitrator_for, save_arbitrator
 from selfspec.cospec.policy import CoSpecConfig, CoSpecPolicy, Decision
 
 __all__ = [
@@ -26,4 +29,7 @@ __all__ = [
     "build_batch",
     "hybrid_mask",
     "hybrid_positions",
+    "load_arbitrator",
+    "load_arbitrator_for",
+    "save_arbitrator",
 ]

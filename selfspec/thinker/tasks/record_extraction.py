@@ -66,9 +66,16 @@ def _cell(rng: random.Random, column: str, value: str, key_column: str) -> str:
     return value
 
 
+def _rate(noise: float | None, default: float) -> float:
+    """Per-record chance of a noise block: the renderer's own default (version 1) or `noise`."""
+    return default if noise is None else noise
+
+
 # Each renderer returns the document and, per record, whether a noise block follows it
 # (the CoT mentions the adverts it steps over).
-def _render_html_table(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+def _render_html_table(
+    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
+) -> tuple[str, list[bool]]:
     labels = _labels(rng, schema)
     order = [spec.column for spec in schema.fields]
     rng.shuffle(order)
@@ -87,7 +94,7 @@ def _render_html_table(rng: random.Random, schema: Schema, title: str, shown: Se
     for record in shown:
         cells = "".join(f"<td>{_cell(rng, c, record.values[c], schema.key_column)}</td>" for c in order)
         lines.append(f"<tr>{cells}</tr>")
-        noisy = rng.random() < 0.15
+        noisy = rng.random() < _rate(noise, 0.15)
         if noisy:
             lines.append(f'<tr class="promo"><td colspan="{len(order)}">{_noise_line(rng)}</td></tr>')
         noise_after.append(noisy)
@@ -95,7 +102,9 @@ def _render_html_table(rng: random.Random, schema: Schema, title: str, shown: Se
     return "\n".join(lines), noise_after
 
 
-def _render_html_cards(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+def _render_html_cards(
+    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
+) -> tuple[str, list[bool]]:
     labels = _labels(rng, schema)
     others = [spec.column for spec in schema.fields[1:]]
     rng.shuffle(others)
@@ -113,7 +122,7 @@ def _render_html_cards(rng: random.Random, schema: Schema, title: str, shown: Se
         else:
             lines += [f"  <p><em>{labels[c]}</em> {record.values[c]}</p>" for c in others]
         lines.append("</div>")
-        noisy = rng.random() < 0.2
+        noisy = rng.random() < _rate(noise, 0.2)
         if noisy:
             lines.append(f'<div class="banner">{_noise_line(rng)}</div>')
         noise_after.append(noisy)
@@ -121,7 +130,9 @@ def _render_html_cards(rng: random.Random, schema: Schema, title: str, shown: Se
     return "\n".join(lines), noise_after
 
 
-def _render_key_values(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+def _render_key_values(
+    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
+) -> tuple[str, list[bool]]:
     labels = _labels(rng, schema)
     others = [spec.column for spec in schema.fields[1:]]
     rng.shuffle(others)
@@ -131,7 +142,7 @@ def _render_key_values(rng: random.Random, schema: Schema, title: str, shown: Se
     noise_after = []
     for record in shown:
         lines += [f"{labels[c]}: {record.values[c]}" for c in order]
-        noisy = rng.random() < 0.2
+        noisy = rng.random() < _rate(noise, 0.2)
         if noisy:
             lines.append(f"Note: {_noise_line(rng)}")
         lines.append(separator)
@@ -139,19 +150,23 @@ def _render_key_values(rng: random.Random, schema: Schema, title: str, shown: Se
     return "\n".join(lines), noise_after
 
 
-def _render_prose(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+def _render_prose(
+    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
+) -> tuple[str, list[bool]]:
     paragraphs = [f"{title}.", _noise_line(rng)]
     noise_after = []
     for record in shown:
         paragraphs.append(rng.choice(schema.prose).format(**record.values))
-        noisy = rng.random() < 0.2
+        noisy = rng.random() < _rate(noise, 0.2)
         if noisy:
             paragraphs.append(_noise_line(rng))
         noise_after.append(noisy)
     return "\n\n".join(paragraphs), noise_after
 
 
-def _render_pipes(rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown]) -> tuple[str, list[bool]]:
+def _render_pipes(
+    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
+) -> tuple[str, list[bool]]:
     labels = _labels(rng, schema)
     order = [spec.column for spec in schema.fields]
     rng.shuffle(order)
@@ -160,7 +175,7 @@ def _render_pipes(rng: random.Random, schema: Schema, title: str, shown: Sequenc
     for record in shown:
         pad = lambda text: " " * rng.randint(0, 2) + text + " " * rng.randint(0, 2)  # noqa: E731
         lines.append("|" + "|".join(pad(record.values[c]) for c in order) + "|")
-        noisy = rng.random() < 0.15
+        noisy = rng.random() < _rate(noise, 0.15)
         if noisy:
             lines.append(f"> {_noise_line(rng)}")
         noise_after.append(noisy)
