@@ -59,8 +59,9 @@ def render_markdown(results: CoSpecEvalResults) -> str:
         f"- device: {meta.get('device', '?')}, dtype {meta.get('dtype', '?')}",
         "",
         "Speedup: target-only total latency / the mode's total latency on the same items. τ: output tokens per "
-        "target decode forward. Acceptance: accepted / proposed draft tokens. Kept: draft tokens kept by the "
-        "arbitrator at mismatches.",
+        "target decode forward (`accepted_per_forward` in results.jsonl: without the target's own token). Acceptance: accepted / proposed draft tokens. Kept: draft tokens kept by the "
+        "arbitrator at mismatches. CoSpec at λ = 1 keeps nothing (the SpS tokens) but still runs the arbitrator at "
+        "every first mismatch: its speed next to SpS is the arbitrator's overhead.",
     ]
     tasks = list(dict.fromkeys(row["task"] for row in results.summaries))
     for task in tasks:

@@ -15,8 +15,9 @@ machine hits every mode alike:
 Measures: score (the task's checker / GSM8K exact answer: pass rate and mean partial
 credit), latency and `speedup` = target-only total latency / the mode's total latency on
 the same items, τ = output tokens per target decode forward (accepted draft tokens + the
-target's own token per verification; 1.0 for target-only), acceptance = accepted /
-proposed draft tokens, kept draft tokens and arbitrations (CoSpec).
+target's own token per verification; 1.0 for target-only; `accepted_per_forward` in the
+JSONL is the same without the target's own token), acceptance = accepted / proposed draft
+tokens (a kept draft token counts as accepted), kept draft tokens and arbitrations (CoSpec).
 
 Counterfactual agreement (with an arbitrator): mismatch states are recorded on the SpS
 path (CoSpec that never keeps, so the states do not depend on λ) together with π(keep).
@@ -231,6 +232,7 @@ def summarize(records: Sequence[dict[str, Any]], modes: Sequence[Mode], task: st
                 "speedup": round(target_latency / latency, 4) if latency > 0 and target_latency > 0 else None,
                 "tokens_per_s": round(tokens / latency, 2) if latency > 0 else None,
                 "tau": round(tokens / forwards, 4) if forwards else None,
+                "accepted_per_forward": round(sum(r["accepted_tokens"] for r in mine) / forwards, 4) if forwards else None,
                 "acceptance": round(sum(r["accepted_tokens"] for r in mine) / proposed, 4) if proposed else None,
                 "kept_draft_tokens": sum(r["kept_draft_tokens"] for r in mine),
                 "arbitrations": sum(r["arbitrations"] for r in mine),

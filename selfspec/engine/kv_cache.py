@@ -35,6 +35,8 @@ class _StepRouting:
     read_slot_start: int  # first slot when contiguous
     batch_size: int
     key_length: int  # attention reads positions [0, key_length)
+    positions: torch.Tensor | None = None  # [B, T] query positions (direct reads)
+    direct: bool = False  # update() returns the whole buffers; slot attention reads them in place
 
 
 class _SlotLayer:
@@ -124,8 +126,13 @@ class SlotKVCache(Cache):
         write_positions: torch.Tensor,
         read_slots: torch.Tensor,
         key_length: int,
+        positions: torch.Tensor | None = None,
+        direct: bool = False,
     ) -> None:
         """Route the next forward from device tensors (static-shape forwards, CUDA graphs).
+
+        `direct`: attention reads the cache in place (`engine.slot_attention`) instead of a
+        gathered copy of the rows' slots; `positions` then gives each query's position.
 
         Nothing here reads a tensor's value on the host, so a captured graph that replays
         the forward follows whatever the buffers hold at replay time.
@@ -137,6 +144,8 @@ class SlotKVCache(Cache):
             read_slot_start=0,
             batch_size=int(read_slots.shape[0]),
             key_length=key_length,
+            positions=positions,
+            direct=direct and positions is not None,
         )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -148,6 +157,13 @@ class SlotKVCache(Cache):
         # [B, H, T, D] -> [B, T, H, D] to match advanced indexing on dims (0, 2).
         k_buf[r.write_slots, :, r.write_positions] = key_states.transpose(1, 2).to(k_buf.dtype)
         v_buf[r.write_slots, :, r.write_positions] = value_states.transpose(1, 2).to(v_buf.dtype)
+        if r.direct:
+            # Whole buffers out; the attention function takes this step's routing from here.
+            from selfspec.engine import slot_attention
+
+            layer = self.layers[layer_idx]
+            slot_attention.set_pending(r.read_slots, r.positions, r.key_length, layer.sliding_window, k_buf)
+            return k_buf, v_buf
         length = r.key_length
         if r.read_slots is None:
             s0 = r.read_slot_start

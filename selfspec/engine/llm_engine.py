@@ -56,6 +56,8 @@ class EngineConfig:
     # torch.compile the pointwise pieces (norms, MLP activation, rotary) before capture
     # (None: on with CUDA graphs). Fewer, fused kernels per step.
     compile_pointwise: bool | None = None
+    # Read the slot cache in place with a Triton kernel in static forwards (None: with CUDA graphs).
+    slot_attention: bool | None = None
     compile_backend: str = "inductor"  # "aot_eager" checks the fused path without a compiler (tests)
 
     def validate(self) -> None:
@@ -127,6 +129,7 @@ class Engine:
             static_shapes=self.config.graph_buckets if (graphs or self.config.static_shapes) else None,
             capture_graphs=graphs,
             fused_pointwise=compile_pointwise,
+            slot_attention=graphs if self.config.slot_attention is None else self.config.slot_attention,
         )
         self.max_len = max_len
         self.device = device

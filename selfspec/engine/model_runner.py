@@ -18,6 +18,7 @@ import torch
 
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
 from selfspec.engine.fusion import fused
+from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.kv_cache import SlotKVCache, model_kv_shape
 from selfspec.engine.static_forward import GraphBuckets, StaticForwardPool
 
@@ -46,6 +47,7 @@ class ModelRunner:
         static_shapes: GraphBuckets | None = None,
         capture_graphs: bool = False,
         fused_pointwise: bool = False,
+        slot_attention: bool = False,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -85,6 +87,9 @@ class ModelRunner:
         self.static: StaticForwardPool | None = None
         if static_shapes is not None or capture_graphs:
             self.static = StaticForwardPool(self, static_shapes or GraphBuckets(), capture=capture_graphs)
+        # Static forwards read the slot cache in place with the Triton kernel (engine.slot_attention)
+        # when asked and possible (Triton present, SDPA model, power-of-two head size).
+        self.slot_attention = bool(slot_attention and self.static is not None and slot_attention_glue.use_for(model))
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()

@@ -213,6 +213,8 @@ class StaticForwardPool:
             write_positions=forward.packed[3],
             read_slots=forward.packed[4, :, 0],
             key_length=k,
+            positions=positions,
+            direct=runner.slot_attention,
         )
         try:
             with fused() if runner.fused_pointwise else contextlib.nullcontext():

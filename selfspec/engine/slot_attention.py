@@ -1,0 +1,234 @@
+"""Attention that reads the slot KV cache directly: one kernel per layer instead of five.
+
+Why: in a captured decode step of a small model, each kernel costs ~3 µs whatever it does.
+transformers' path per layer is: gather the rows' slots out of the cache (K and V), repeat
+K/V heads for grouped queries (K and V), then SDPA — five kernels, ~18 µs for SmolLM2. This
+Triton kernel reads each row's slot, causal range (and sliding window) from device tensors,
+handles grouped queries itself and writes the output in the layout the output projection
+wants. Long caches are split across programs (flash-decoding) and reduced by a second small
+kernel, so a step's attention cost follows the cached length in fixed-size pieces.
+
+The kernel runs on the GPU; `TRITON_INTERPRET=1` runs it on CPU tensors for tests. Without
+Triton (or on CPU without the interpreter) the engine keeps transformers' attention.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+try:  # Triton is on the GPU machine (with torch); on CPU only for interpreter tests.
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - depends on the environment
+    HAVE_TRITON = False
+
+import threading
+
+KEYS_PER_SPLIT = 512  # one program covers at most this many keys (then a reduce kernel merges)
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on tensors of this device."""
+    if not HAVE_TRITON:
+        return False
+    if device.type == "cuda":
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _slot_attention_kernel(
+        q_ptr, k_ptr, v_ptr, slots_ptr, pos_ptr, out_ptr, part_ptr,
+        sq_b, sq_t, sq_h, sq_d,
+        sk_s, sk_h, sk_n, sk_d,
+        so_b, so_t, so_h,
+        s_slot, sp_b, sp_t,
+        T, scale, window, keys_per_split,
+        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        row = tl.program_id(0)  # b * T + t
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        b = row // T
+        t = row % T
+        slot = tl.load(slots_ptr + b * s_slot)
+        pos = tl.load(pos_ptr + b * sp_b + t * sp_t)
+        lo = 0
+        if window > 0:
+            lo = tl.maximum(pos - window + 1, 0)
+        start = tl.maximum(lo, split * keys_per_split)
+        stop = tl.minimum(pos + 1, (split + 1) * keys_per_split)
+
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        heads = kv_head * G + g
+        q = tl.load(
+            q_ptr + b * sq_b + t * sq_t + heads[:, None] * sq_h + d[None, :] * sq_d,
+            mask=(g < G)[:, None], other=0.0,
+        ).to(k_ptr.dtype.element_ty)
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
+        acc = tl.zeros([GP, D], dtype=tl.float32)
+        base = slot * sk_s + kv_head * sk_h
+        for n0 in range(start, stop, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            valid = n < stop
+            k = tl.load(k_ptr + base + n[:, None] * sk_n + d[None, :] * sk_d, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + base + n[:, None] * sk_n + d[None, :] * sk_d, mask=valid[:, None], other=0.0)
+            if IEEE:  # float32 caches: full-precision products (no tf32), as eager attention
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [GP, BLOCK_N]
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        if SPLITS == 1:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(out_ptr + b * so_b + t * so_t + heads[:, None] * so_h + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
+        else:
+            # partials [rows, Hq, SPLITS, D + 2]: acc, then m and l
+            width = D + 2
+            head_stride = SPLITS * width
+            row_stride = head_stride * tl.num_programs(1) * G
+            p_base = part_ptr + row * row_stride + heads * head_stride + split * width
+            tl.store(p_base[:, None] + d[None, :], acc, mask=(g < G)[:, None])
+            tl.store(p_base + D, m_i, mask=g < G)
+            tl.store(p_base + D + 1, l_i, mask=g < G)
+
+    @triton.jit
+    def _reduce_kernel(part_ptr, out_ptr, so_b, so_t, so_h, T, HQ, D: tl.constexpr, SPLITS: tl.constexpr):
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        b = row // T
+        t = row % T
+        width = D + 2
+        base = part_ptr + (row * HQ + head) * SPLITS * width
+        s = tl.arange(0, SPLITS)
+        d = tl.arange(0, D)
+        m = tl.load(base + s * width + D)
+        l = tl.load(base + s * width + D + 1)
+        m_max = tl.max(m, axis=0)
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+        acc = tl.load(base + s[:, None] * width + d[None, :])
+        total = tl.sum(acc * w[:, None], axis=0)
+        norm = tl.sum(l * w, axis=0)
+        out = total / tl.where(norm > 0, norm, 1.0)
+        tl.store(out_ptr + b * so_b + t * so_t + head * so_h + d, out.to(out_ptr.dtype.element_ty))
+
+
+def slot_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    read_slots: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    scale: float,
+    key_length: int,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """softmax(q·kᵀ·scale) v over each row's own slot, keys [lo, position] (causal, windowed).
+
+    query [B, Hq, T, D] (any strides); caches [slots, Hkv, L, D]; read_slots [B]; positions
+    [B, T] absolute query positions (< key_length); any strides (views of the static input
+    buffer). Returns [B, T, Hq, D] contiguous.
+    """
+    b, hq, t, d = query.shape
+    hkv = k_cache.shape[1]
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads do not group over {hkv} K/V heads")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"head_dim {d} must be a power of two >= 16 for the slot-attention kernel")
+    groups = hq // hkv
+    splits = max(1, math.ceil(key_length / KEYS_PER_SPLIT))
+    splits = 1 << (splits - 1).bit_length()  # a power of two: the reduce kernel's arange
+    out = torch.empty((b, t, hq, d), dtype=query.dtype, device=query.device)
+    # Every split writes its partial (empty ones: m = -inf, l = 0), so no buffer fills.
+    parts = torch.empty((b * t, hq, splits, d + 2), dtype=torch.float32, device=query.device) if splits > 1 else out
+    _slot_attention_kernel[(b * t, hkv, splits)](
+        query, k_cache, v_cache, read_slots, positions, out, parts,
+        query.stride(0), query.stride(2), query.stride(1), query.stride(3),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        out.stride(0), out.stride(1), out.stride(2),
+        read_slots.stride(0), positions.stride(0), positions.stride(1),
+        t, float(scale), int(sliding_window or 0), KEYS_PER_SPLIT,
+        G=groups, GP=max(16, 1 << (groups - 1).bit_length()), D=d, BLOCK_N=64, SPLITS=splits,
+        IEEE=k_cache.dtype == torch.float32,
+    )
+    if splits > 1:
+        _reduce_kernel[(b * t, hq)](parts, out, out.stride(0), out.stride(1), out.stride(2), t, hq, D=d, SPLITS=splits)
+    return out
+
+
+# ---------------------------------------------------------------------------------- transformers glue
+ATTENTION_NAME = "selfspec_slot"
+_pending = threading.local()
+
+
+def set_pending(read_slots, positions, key_length: int, sliding_window: int | None, k_buffer: torch.Tensor) -> None:
+    """Called by SlotKVCache.update in direct mode: what the attention call right after reads."""
+    _pending.value = (read_slots, positions, key_length, sliding_window, k_buffer)
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers attention function: slot attention when the cache handed out whole buffers.
+
+    Otherwise (eager engine steps, `generate` on the same model) it is transformers' SDPA.
+    """
+    pending = getattr(_pending, "value", None)
+    if pending is not None and pending[4] is key:
+        _pending.value = None
+        read_slots, positions, key_length, window, _ = pending
+        if kwargs.get("softcap") is not None or dropout:
+            raise ValueError("slot attention supports neither softcapping nor dropout")
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = slot_attention(query, key, value, read_slots, positions, scale=scale, key_length=key_length,
+                             sliding_window=window)
+        return out, None
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+def use_for(model: torch.nn.Module) -> bool:
+    """Route the model's attention through `attention_forward` if it runs SDPA and the kernel
+    can run on its device; True when the model now uses it."""
+    device = next(model.parameters()).device
+    if not available(device):
+        return False
+    head_dim = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
+                       "head_dim", None)
+    if head_dim is None or head_dim < 16 or head_dim & (head_dim - 1):
+        return False
+    configs = [model.config]
+    if hasattr(model.config, "get_text_config"):
+        configs.append(model.config.get_text_config())
+    if all(getattr(c, "_attn_implementation", None) == ATTENTION_NAME for c in configs):
+        return True
+    if any(getattr(c, "_attn_implementation", None) != "sdpa" for c in configs):
+        return False  # eager / flash / flex: the user's choice stays
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, attention_forward)
+    for c in configs:
+        c._attn_implementation = ATTENTION_NAME
+    return True

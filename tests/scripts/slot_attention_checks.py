@@ -1,0 +1,92 @@
+"""Slot-attention kernel checks, run by tests/test_slot_attention.py in a process with
+TRITON_INTERPRET=1 (Triton decides at import time whether kernels are interpreted)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from selfspec.engine.slot_attention import slot_attention  # noqa: E402
+
+
+def reference(q, kc, vc, slots, pos, scale, window):
+    b_, hq, t_, d = q.shape
+    groups = hq // kc.shape[1]
+    out = torch.zeros(b_, t_, hq, d, dtype=torch.float64)
+    for b in range(b_):
+        for t in range(t_):
+            p = int(pos[b, t])
+            lo = max(0, p - window + 1) if window else 0
+            k = kc[slots[b], :, lo : p + 1].repeat_interleave(groups, 0).double()
+            v = vc[slots[b], :, lo : p + 1].repeat_interleave(groups, 0).double()
+            s = torch.einsum("hd,hnd->hn", q[b, :, t].double(), k) * scale
+            out[b, t] = torch.einsum("hn,hnd->hd", s.softmax(-1), v)
+    return out
+
+
+def check_kernel() -> None:
+    g = torch.Generator().manual_seed(0)
+    # (B, Hq, Hkv, T, D, cache length, key length, window): GQA, multi-query, splits, windows.
+    for b, hq, hkv, t, d, cache_len, keys, window in [
+        (2, 6, 2, 3, 16, 300, 200, 0),
+        (1, 4, 1, 1, 32, 1500, 1300, 0),  # 3 splits of 512 keys (rounded up to 4)
+        (3, 4, 2, 2, 16, 700, 600, 40),  # sliding window 40
+        (2, 2, 2, 1, 16, 64, 64, 0),  # no grouping
+    ]:
+        q = torch.randn(b, t, hq, d, generator=g).transpose(1, 2)  # strided, as transformers passes it
+        kc = torch.randn(5, hkv, cache_len, d, generator=g)
+        vc = torch.randn(5, hkv, cache_len, d, generator=g)
+        packed = torch.zeros(5, b, max(t, 2), dtype=torch.long)  # slots as a strided view, like the engine's
+        packed[4, :, 0] = torch.tensor([4, 1, 2][:b])
+        slots = packed[4, :, 0]
+        pos = torch.randint(0, keys, (b, t), generator=g)
+        out = slot_attention(q, kc, vc, slots, pos, scale=1 / math.sqrt(d), key_length=keys, sliding_window=window or None)
+        ref = reference(q, kc, vc, slots, pos, 1 / math.sqrt(d), window)
+        err = float((out.double() - ref).norm() / ref.norm())
+        assert out.shape == (b, t, hq, d) and out.is_contiguous()
+        assert err < 1e-5, (b, hq, hkv, t, d, keys, window, err)
+    print("kernel ok")
+
+
+def check_engine() -> None:
+    from selfspec.engine.llm_engine import Engine, EngineConfig
+    from selfspec.engine.sampling import SamplingParams
+    from selfspec.engine.static_forward import GraphBuckets
+    from selfspec.testing.tiny import tiny_model
+
+    g = torch.Generator().manual_seed(2)
+    for family in ("llama", "gemma3"):
+        kwargs = {"sliding_window": 8} if family == "gemma3" else {}
+        model = tiny_model(family, 128, seed=1, num_layers=2, **kwargs)
+        prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (3, 6, 11)]
+        refs = []
+        for p in prompts:
+            ids = torch.tensor([p])
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+                                     do_sample=False, eos_token_id=None, pad_token_id=0)
+            refs.append(out[0, len(p):].tolist())
+        cfg = EngineConfig(num_slots=4, max_len=128, static_shapes=True, slot_attention=True, prefill_chunk=16,
+                           graph_buckets=GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=16))
+        engine = Engine(model, None, cfg, eos_token_ids=[])
+        assert engine.runner.slot_attention, "slot attention was not enabled"
+        seqs = [engine.add_request(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
+        while not all(s.is_finished for s in seqs):
+            engine.step()
+        for s, ref in zip(seqs, refs):
+            assert s.output_ids == ref, (family, s.output_ids, ref)
+        # transformers' own path is untouched on the same model object
+        assert refs[0] == model.generate(torch.tensor([prompts[0]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                                         max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None,
+                                         pad_token_id=0)[0, 3:].tolist()
+    print("engine ok")
+
+
+if __name__ == "__main__":
+    {"kernel": check_kernel, "engine": check_engine}[sys.argv[1]]()
