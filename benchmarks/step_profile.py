@@ -86,10 +86,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     model = shaped_model(args.shape, torch.bfloat16, "cuda")
     results = {}
-    for label, cfg in {"graph": dict(compile_pointwise=False), "graph+compile": dict(compile_pointwise=True)}.items():
+    variants = {
+        "graph": dict(compile_pointwise=False, slot_attention=False),
+        "graph+compile": dict(compile_pointwise=True, slot_attention=False),
+        "graph+compile+slot": dict(compile_pointwise=True, slot_attention=True),
+    }
+    for label, cfg in variants.items():
         engine = Engine(model, None, EngineConfig(num_slots=4, max_len=max(2048, args.keys), cuda_graphs=True, **cfg),
                         eos_token_ids=[])
         shape = (args.batch, args.tokens, args.keys)
@@ -97,7 +103,7 @@ def main() -> None:
         r = results[label]
         print(f"== {args.shape} {label} B={args.batch} T={args.tokens} K={args.keys}: {r['kernels']} kernels, "
               f"kernel time {r['kernel_time_ms']:.3f} ms, graph replay {r['graph_replay_ms']:.3f} ms")
-        for name, n, us in r["top"]:
+        for name, n, us in r["top"][: args.top]:
             print(f"  {us:8.1f} us  x{n:4d}  {name}")
     if args.json:
         with open(args.json, "w") as fh:

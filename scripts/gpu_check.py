@@ -108,8 +108,9 @@ def graph_configs(device: str) -> dict[str, dict]:
     if device == "cuda":
         return {
             "eager": dict(cuda_graphs=False),
-            "graph": dict(cuda_graphs=True, compile_pointwise=False),
-            "graph+compile": dict(cuda_graphs=True, compile_pointwise=True),
+            "graph": dict(cuda_graphs=True, compile_pointwise=False, slot_attention=False),
+            "graph+compile": dict(cuda_graphs=True, compile_pointwise=True, slot_attention=False),
+            "graph+compile+slot": dict(cuda_graphs=True, compile_pointwise=True, slot_attention=True),
         }
     # --device cpu: a smoke run of this script, the static path uncaptured.
     return {"eager": dict(cuda_graphs=False), "static": dict(static_shapes=True)}
@@ -131,6 +132,7 @@ def check_tiny(device: str) -> None:
                                       policy=ChunkProposer(refs[1], 128))
             run_all(engine, [spec])
             stats = engine.runner.static.stats() if engine.runner.static else {}
+            stats["slot_attention"] = engine.runner.slot_attention
             report(f"tiny-{family}-{label}", all(same) and spec.output_ids == refs[1],
                    batch_equal=same, spec_equal=spec.output_ids == refs[1], accepted=spec.stats.accepted_tokens,
                    static=stats, eager_forwards=engine.runner.eager_forwards, forwards=engine.runner.forwards)
