@@ -59,13 +59,13 @@ if HAVE_TRITON:
         split = tl.program_id(2)
         b = row // T
         t = row % T
-        slot = tl.load(slots_ptr + b * s_slot)
-        pos = tl.load(pos_ptr + b * sp_b + t * sp_t)
-        lo = 0
-        if window > 0:
-            lo = tl.maximum(pos - window + 1, 0)
-        start = tl.maximum(lo, split * keys_per_split)
-        stop = tl.minimum(pos + 1, (split + 1) * keys_per_split)
+        slot = tl.load(slots_ptr + b * s_slot).to(tl.int64)
+        pos = tl.load(pos_ptr + b * sp_b + t * sp_t).to(tl.int64)
+        # One integer type throughout: Triton rejects a variable whose type changes in a branch.
+        lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0).to(tl.int64)
+        first = (split * keys_per_split).to(tl.int64)
+        start = tl.maximum(lo, first)
+        stop = tl.minimum(pos + 1, first + keys_per_split)
 
         g = tl.arange(0, GP)
         d = tl.arange(0, D)

@@ -107,6 +107,7 @@ class StaticForwardPool:
         self.host_packed: dict[tuple[int, int], torch.Tensor] = {}
         self.capture_seconds = 0.0
         self.capture_error: str | None = None
+        self.slot_attention_error: str | None = None
 
     # ------------------------------------------------------------------ shape selection
     def shape_for(self, chunks: list["Chunk"]) -> tuple[int, int, int] | None:
@@ -168,7 +169,7 @@ class StaticForwardPool:
         if self.capture:
             start = time.perf_counter()
             try:
-                forward.graph = self._capture(forward)
+                forward.graph = self._capture_with_fallbacks(forward)
             except Exception as exc:  # noqa: BLE001 - a model that cannot be captured still runs
                 # Fall back to running this and every later shape uncaptured, and say why.
                 self.capture = False
@@ -179,6 +180,20 @@ class StaticForwardPool:
             self.capture_seconds += forward.capture_seconds
         self.forwards[shape] = forward
         return forward
+
+    def _capture_with_fallbacks(self, forward: StaticForward) -> torch.cuda.CUDAGraph:
+        """Capture; if the slot-attention kernel is what fails (e.g. a Triton version that
+        cannot compile it), turn it off for this runner, say so, and capture without it."""
+        try:
+            return self._capture(forward)
+        except Exception as exc:  # noqa: BLE001
+            if not self.runner.slot_attention:
+                raise
+            self.runner.slot_attention = False
+            self.slot_attention_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+            warnings.warn(f"slot attention disabled, transformers attention used instead: {self.slot_attention_error}")
+            torch.cuda.synchronize(self.device)
+            return self._capture(forward)
 
     def _capture(self, forward: StaticForward) -> torch.cuda.CUDAGraph:
         stream = torch.cuda.Stream(device=self.device)
@@ -247,6 +262,8 @@ class StaticForwardPool:
         return {
             "captured": self.capture,
             "capture_error": self.capture_error,
+            "slot_attention": self.runner.slot_attention,
+            "slot_attention_error": self.slot_attention_error,
             "shapes": len(self.forwards),
             "capture_seconds": round(self.capture_seconds, 3),
             "replays": sum(f.replays for f in self.forwards.values()),
