@@ -138,6 +138,24 @@ def check_tiny(device: str) -> None:
                    static=stats, eager_forwards=engine.runner.eager_forwards, forwards=engine.runner.forwards)
 
 
+def check_sps(device: str) -> None:
+    """Draft-model speculation (the draft = the target's first layer, its own graphs) is exact."""
+    from selfspec.llm import LLM
+    from selfspec.policies.speculative import SpeculationConfig
+    from selfspec.testing.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_model("qwen3", len(tok), seed=3, num_layers=3).to(device)
+    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=4, max_len=512), draft="layers:1")
+    prompts = ["def add(a, b):", "Write a counter class", "hello"]
+    params = SamplingParams(max_tokens=80, ignore_eos=True)
+    base = llm.generate(prompts, params)
+    sps = llm.generate(prompts, params, spec=SpeculationConfig(method="draft"))
+    same = [a.token_ids == b.token_ids for a, b in zip(base, sps)]
+    report("sps-draft-layers1", all(same), equal=same, draft_graphs=llm.draft_runner.runner.static.stats()
+           if llm.draft_runner.runner.static else None)
+
+
 def check_real(model_name: str, tokens: int, device: str) -> None:
     from selfspec.models import load_model
     from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
@@ -180,6 +198,7 @@ def main() -> int:
         return 2
     start = time.perf_counter()
     check_tiny(args.device)
+    check_sps(args.device)
     for name in args.model:
         check_real(name, args.tokens, args.device)
     meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "seconds": round(time.perf_counter() - start, 1)}

@@ -20,6 +20,7 @@ import torch
 from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.sampling import SamplingParams, processed_probs
 from selfspec.engine.scheduler import SlotPool
+from selfspec.engine.static_forward import GraphBuckets
 from selfspec.spec.proposal import Proposal
 
 
@@ -49,7 +50,19 @@ class DraftModelRunner:
 
     def __init__(self, model: torch.nn.Module, *, num_slots: int, max_len: int) -> None:
         self.model = model
-        self.runner = ModelRunner(model, num_slots=num_slots, max_len=max_len, max_padding_ratio=1e9)
+        # On a GPU the draft's one-token steps are launch-bound like the target's: same static
+        # shapes, CUDA graphs, fused twins (shared with the target's layers) and slot attention.
+        cuda = next(model.parameters()).device.type == "cuda"
+        self.runner = ModelRunner(
+            model,
+            num_slots=num_slots,
+            max_len=max_len,
+            max_padding_ratio=1e9,
+            static_shapes=GraphBuckets() if cuda else None,
+            capture_graphs=cuda,
+            fused_pointwise=cuda,
+            slot_attention=cuda,
+        )
         self.slots = SlotPool(num_slots)
         self.max_len = max_len
         self.forwards = 0
