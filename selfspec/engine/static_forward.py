@@ -203,7 +203,8 @@ class StaticForwardPool:
                 self._body(forward)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+        # thread_local: a server's other threads may touch CUDA while the engine thread captures.
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
             self._body(forward)
         torch.cuda.synchronize(self.device)
         return graph

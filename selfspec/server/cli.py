@@ -49,7 +49,14 @@ def load_llm(
         net = tiny_model("qwen3", len(tokenizer), eos_token_id=tokenizer.eos_token_id)
         engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or 512)
         return LLM.from_model(net, tokenizer, engine_config=engine_config, name=TINY_MODEL, draft=draft)
-    return LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft)
+    llm = LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft)
+    runner = llm.engine.runner
+    if runner.static is not None and runner.static.capture:
+        # Capture the decode / verify shapes before serving, so no request pays for a capture.
+        buckets = runner.static.buckets
+        seconds = runner.warm_up_graphs(list(buckets.batch), list(buckets.tokens), runner.max_len)
+        print(f"selfspec: CUDA graphs captured for {len(runner.static.forwards)} shapes in {seconds:.1f}s", flush=True)
+    return llm
 
 
 def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: int) -> None:
