@@ -339,3 +339,70 @@ def test_packaged_thinker_loads_by_name_and_thinks():
     item = _toy_data(1, seed=1000).items()[0]
     out = llm.generate([format_training_text(item)[0]], SamplingParams(max_tokens=6, temperature=0.0), thinking=True)[0]
     assert len(out.token_ids) == 6 and out.reasoning_text
+
+
+# --- thinker-data-v2 --------------------------------------------------------------------------------
+
+TOY_KNOBS_V2 = {
+    "record_extraction": {"version": 2, "min_records": 2, "max_records": 3, "min_columns": 2, "max_columns": 2, "min_answer_tokens": 1},
+    "route_finding": {"version": 2, "min_stations": 4, "max_stations": 4, "min_lines": 2, "max_lines": 2, "min_hops": 2},
+}
+V2_FAMILIES = ("record_extraction", "route_finding")
+
+
+def test_toy_training_runs_on_v2_data(tokenizer):
+    data = DataSpec(families=V2_FAMILIES, seed=0, items_per_family=2, knobs=TOY_KNOBS_V2, version="toy-v2")
+    assert {item.version for item in data.items()} == {2}
+    model = tiny_model("llama", len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    _, result = train_thinker(_toy_config(data=data), model=model, tokenizer=tokenizer, progress=False, log=lambda _: None)
+    losses = [entry["loss"] for entry in result.loss_log]
+    assert result.steps == result.planned_steps == len(losses) > 2 and not result.dropped
+    assert losses[-1] < losses[0]
+    assert result.heldout_loss_after < result.heldout_loss_before
+
+
+def test_cli_picks_the_data_version():
+    from typer import Exit
+
+    from selfspec.thinker.cli import _data_spec
+    from selfspec.thinker.train import DATA_VERSION, DATA_VERSIONS, DEFAULT_TASK_KNOBS
+
+    default = _data_spec("route_finding", 0, 3, None, None)
+    assert default.version == DATA_VERSION == "thinker-data-v1" and dict(default.knobs) == DEFAULT_TASK_KNOBS
+    v2 = _data_spec("record_extraction,route_finding", 1000, 3, None, "thinker-data-v2")
+    assert v2.version == "thinker-data-v2" and v2.knobs["route_finding"]["version"] == 2
+    assert {item.version for item in v2.items()} == {2}
+    same = _data_spec("route_finding", 0, 1, json.dumps(DATA_VERSIONS["thinker-data-v2"]), "thinker-data-v2")
+    assert same.items() == _data_spec("route_finding", 0, 1, None, "thinker-data-v2").items()
+    for knobs, version in ((None, "thinker-data-v7"), (json.dumps(TOY_KNOBS_V2), "thinker-data-v2"), (json.dumps(TOY_KNOBS_V2), None)):
+        with pytest.raises(Exit):
+            _data_spec("route_finding", 0, 1, knobs, version)
+
+
+def test_cli_trains_on_the_built_in_v2_data(tiny_dir, tmp_path):
+    out = tmp_path / "v2-thinker"
+    result = CliRunner().invoke(
+        thinker_app,
+        [
+            "train", "--out", str(out), "--base", str(tiny_dir), "--families", ",".join(V2_FAMILIES),
+            "--data-version", "thinker-data-v2", "--items-per-family", "1", "--max-steps", "2", "--epochs", "2",
+            "--max-len", "4096", "--tokens-per-batch", "8192", "--lora-r", "2", "--lora-alpha", "4",
+            "--heldout-items-per-family", "1", "--device", "cpu", "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "selfspec_adapter.json").read_text())
+    assert manifest["data_version"] == "thinker-data-v2" and "--data-version thinker-data-v2" in manifest["command"]
+    knobs = manifest["train_config"]["data"]["knobs"]
+    assert knobs["record_extraction"]["version"] == knobs["route_finding"]["version"] == 2
+    assert manifest["training"]["steps"] == 2 and not manifest["training"]["dropped"]
+    assert '"version": 2' in (out / "TRAINING.md").read_text()
+
+
+def test_eval_pipeline_runs_on_v2_items(tiny_llm):
+    data = DataSpec(families=V2_FAMILIES, seed=1000, items_per_family=1, knobs=TOY_KNOBS_V2, version="toy-v2")
+    results = run_eval(tiny_llm, EvalConfig(data=data, cot_cap=8, answer_cap=4, draft_cap=4), progress=False, log=lambda _: None)
+    assert results["overall"]["items"] == 2 and set(results["families"]) == set(V2_FAMILIES)
+    assert [record["uid"] for record in results["records"]] == [item.uid for item in data.items()]
+    assert all("-v2-" in record["uid"] and not record["passed"] for record in results["records"])
+    assert results["overall"]["reference_loops"] == 0 and results["config"]["data"]["version"] == "toy-v2"

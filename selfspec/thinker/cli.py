@@ -37,11 +37,7 @@ def _families(value: str) -> tuple[str, ...]:
     return names
 
 
-def _knobs(value: Optional[str]) -> dict[str, dict[str, Any]]:
-    from selfspec.thinker.train import DEFAULT_TASK_KNOBS
-
-    if value is None:
-        return {name: dict(knobs) for name, knobs in DEFAULT_TASK_KNOBS.items()}
+def _knobs(value: str) -> dict[str, dict[str, Any]]:
     try:
         text = value if value.lstrip().startswith("{") else Path(value).read_text()
         parsed = json.loads(text)
@@ -50,6 +46,33 @@ def _knobs(value: Optional[str]) -> dict[str, dict[str, Any]]:
     if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
         _fail("--knobs must map each family name to a dict of knobs")
     return parsed
+
+
+def _data_spec(families: str, seed: int, items_per_family: int, knobs: Optional[str], data_version: Optional[str]) -> Any:
+    """The data to train or evaluate on: a built-in data version (`--data-version`, default
+    `DATA_VERSION`) with its knobs, or custom `--knobs` under a new `--data-version` name."""
+    from selfspec.thinker.train import DATA_VERSION, DATA_VERSIONS, DataSpec
+
+    names = _families(families)
+    if knobs is None:
+        version = data_version or DATA_VERSION
+        if version not in DATA_VERSIONS:
+            _fail(f"unknown data version {version!r}; built in: {', '.join(DATA_VERSIONS)} (custom data need --knobs)")
+        return DataSpec.for_version(version, names, seed, items_per_family)
+    if data_version is None:
+        _fail("custom --knobs need a --data-version name, so the adapter says which data it saw")
+    parsed = _knobs(knobs)
+    if data_version in DATA_VERSIONS and any(
+        dict(parsed.get(name, {})) != dict(DATA_VERSIONS[data_version].get(name, {})) for name in names
+    ):
+        _fail(f"--data-version {data_version} names built-in knobs; give custom --knobs a new name")
+    return DataSpec(families=names, seed=seed, items_per_family=items_per_family, knobs=parsed, version=data_version)
+
+
+_DATA_VERSION_HELP = (
+    "Built-in data version: thinker-data-v1 (the default) or thinker-data-v2 (record extraction, route "
+    "finding and arithmetic search version 2); with --knobs, the name of the custom data."
+)
 
 
 def _device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
@@ -86,7 +109,7 @@ def train(
     items_per_family: int = typer.Option(1500, min=1, help="Training items per family."),
     data_seed: int = typer.Option(0, help="Generator stream of the training split (held-out evals use other seeds)."),
     knobs: Optional[str] = typer.Option(None, help="JSON (or JSON file) family -> difficulty knobs; default: the data version's."),
-    data_version: Optional[str] = typer.Option(None, help="Name for custom --knobs (default: the built-in data version)."),
+    data_version: Optional[str] = typer.Option(None, help=_DATA_VERSION_HELP),
     seed: int = typer.Option(0, help="Seed of LoRA init and batch order."),
     epochs: float = typer.Option(2.0, min=0.01),
     max_len: int = typer.Option(3072, min=16, help="Drop examples longer than this (tokens)."),
@@ -107,18 +130,10 @@ def train(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """LoRA-train a thinker on generated traces and write the adapter + TRAINING.md."""
-    from selfspec.thinker.train import DATA_VERSION, DataSpec, LoraSpec, TrainConfig, adapter_size_bytes, save_adapter, train_thinker
+    from selfspec.thinker.train import LoraSpec, TrainConfig, adapter_size_bytes, save_adapter, train_thinker
 
     device, dtype = _device_and_dtype(device, dtype)
-    if knobs is not None and data_version is None:
-        _fail("custom --knobs need a --data-version name, so the adapter says which data it saw")
-    data = DataSpec(
-        families=_families(families),
-        seed=data_seed,
-        items_per_family=items_per_family,
-        knobs=_knobs(knobs),
-        version=data_version or DATA_VERSION,
-    )
+    data = _data_spec(families, data_seed, items_per_family, knobs, data_version)
     config = TrainConfig(
         base=base,
         data=data,
@@ -226,7 +241,7 @@ def eval_command(
     seed: int = typer.Option(1000, help="Held-out generator stream (training used seed 0)."),
     items_per_family: int = typer.Option(40, min=1),
     knobs: Optional[str] = typer.Option(None, help="JSON (or JSON file) family -> knobs; default: the data version's."),
-    data_version: Optional[str] = typer.Option(None, help="Name for custom --knobs."),
+    data_version: Optional[str] = typer.Option(None, help=_DATA_VERSION_HELP),
     cot_cap: int = typer.Option(2500, min=1, help="Close thinking by force after this many CoT tokens."),
     answer_cap: int = typer.Option(1000, min=1, help="Stop the answer after this many tokens."),
     draft_cap: int = typer.Option(768, min=1, help="Longest draft decoded at a fork point."),
@@ -243,7 +258,6 @@ def eval_command(
 ) -> None:
     """Evaluate a thinker on held-out items: accuracy, self-stopping, loops, convergence curve."""
     from selfspec.thinker.evaluate import EvalConfig, convergence_table, run_eval, write_outputs
-    from selfspec.thinker.train import DATA_VERSION, DataSpec
 
     note_text = notes.read_text() if notes is not None else None
     if from_results is not None:
@@ -260,17 +274,13 @@ def eval_command(
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
 
-    if knobs is not None and data_version is None:
-        _fail("custom --knobs need a --data-version name")
+    data = _data_spec(families, seed, items_per_family, knobs, data_version)
+    trained_on = (_training_facts(model) or {}).get("data version")
+    if trained_on and trained_on != data.version:
+        typer.echo(f"note: {model} was trained on {trained_on}; evaluating on {data.version} (pick with --data-version)")
     device, dtype = _device_and_dtype(device, dtype)
     config = EvalConfig(
-        data=DataSpec(
-            families=_families(families),
-            seed=seed,
-            items_per_family=items_per_family,
-            knobs=_knobs(knobs),
-            version=data_version or DATA_VERSION,
-        ),
+        data=data,
         cot_cap=cot_cap,
         answer_cap=answer_cap,
         draft_cap=draft_cap,

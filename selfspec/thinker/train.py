@@ -41,8 +41,9 @@ from selfspec.models.thinking import ThinkingFormat, build_prompt_text
 from selfspec.thinker.tasks import TaskItem, families as all_families, format_training_text, generate_split
 
 DATA_VERSION = "thinker-data-v1"
-"""Names `DEFAULT_TASK_KNOBS` together with the task families' own versions. Bump it
-whenever the knobs change, so an adapter's TRAINING.md says which data it saw."""
+"""The default data version: names `DEFAULT_TASK_KNOBS` together with the task families'
+own versions. A new data version is a new entry of `DATA_VERSIONS` (never an edit of an
+old one), so an adapter's TRAINING.md says which data it saw and old data regenerate."""
 
 DEFAULT_TASK_KNOBS: dict[str, dict[str, Any]] = {
     # Sized so that prompt + CoT + answer mostly fit 3k tokens: a 135M model can keep
@@ -68,6 +69,69 @@ DEFAULT_TASK_KNOBS: dict[str, dict[str, Any]] = {
     },
 }
 
+DATA_VERSION_V2 = "thinker-data-v2"
+"""Learnable versions of the families thinker-data-v1 failed on (see
+benchmarks/results/thinker/notes.md): record_extraction and route_finding version 2, whose
+CoTs make every piece of the answer a copy of text written just before it, and
+arithmetic_search version 2 (three small numbers in order, an explicit bounded search);
+class synthesis as in v1. A family's knobs name its version with a "version" entry
+(`selfspec.thinker.tasks.get_family` takes it); without one a family is version 1."""
+
+V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    "class_synthesis": dict(DEFAULT_TASK_KNOBS["class_synthesis"]),
+    # 3-6 records (v1: 5-10, grown to 20) with 4-5 columns, so rows stay long enough for an
+    # answer of ~100 tokens; a one-comparison filter on a requested column in 60% of items,
+    # keeping ~60% of records; half of the values shown messy, few adverts.
+    "record_extraction": {
+        "version": 2,
+        "min_records": 3,
+        "max_records": 6,
+        "min_columns": 4,
+        "max_columns": 5,
+        "filter_probability": 0.6,
+        "keep_rate": 0.6,
+        "messy_rate": 0.5,
+        "noise_rate": 0.05,
+        "min_answer_tokens": 60,
+    },
+    # 5-8 stations on 2-4 lines (v1: 5-20 hops through ~40-stop networks); start and goal
+    # a farthest pair, at least 3 hops apart; the BFS CoT visits each station at most once.
+    "route_finding": {
+        "version": 2,
+        "min_stations": 5,
+        "max_stations": 8,
+        "min_lines": 2,
+        "max_lines": 4,
+        "min_hops": 3,
+    },
+    # 4-6 puzzles of three numbers 1-9 used in order, targets 10-99: the CoT writes every
+    # tried operation with its result (at most 3 first steps x 3 second steps a puzzle).
+    "arithmetic_search": {
+        "version": 2,
+        "min_puzzles": 4,
+        "max_puzzles": 6,
+        "max_number": 9,
+        "min_target": 10,
+        "max_target": 99,
+    },
+}
+
+DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
+    DATA_VERSION: DEFAULT_TASK_KNOBS,
+    DATA_VERSION_V2: V2_TASK_KNOBS,
+}
+"""The built-in data versions and their knobs (family -> knobs, "version" included)."""
+
+
+def data_version_knobs(version: str) -> dict[str, dict[str, Any]]:
+    """A copy of the knobs of built-in data version `version`."""
+    try:
+        knobs = DATA_VERSIONS[version]
+    except KeyError:
+        raise KeyError(f"unknown data version {version!r}; built in: {', '.join(DATA_VERSIONS)}") from None
+    return {family: dict(values) for family, values in knobs.items()}
+
+
 TRAIN_SEED = 0
 """Stream of the training split; held-out evaluation uses other seeds."""
 
@@ -86,6 +150,23 @@ class DataSpec:
     items_per_family: int = 1500
     knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_TASK_KNOBS)
     version: str = DATA_VERSION
+
+    @classmethod
+    def for_version(
+        cls,
+        version: str = DATA_VERSION,
+        families: Sequence[str] | None = None,
+        seed: int = TRAIN_SEED,
+        items_per_family: int = 1500,
+    ) -> "DataSpec":
+        """The spec of built-in data version `version` (see `DATA_VERSIONS`)."""
+        return cls(
+            families=tuple(families) if families is not None else tuple(all_families()),
+            seed=seed,
+            items_per_family=items_per_family,
+            knobs=data_version_knobs(version),
+            version=version,
+        )
 
     def items(self, start: int = 0) -> list[TaskItem]:
         knobs = {name: dict(self.knobs.get(name, {})) for name in self.families}
@@ -646,7 +727,10 @@ def adapter_size_bytes(adapter_dir: str | Path) -> int:
 __all__ = [
     "ADAPTER_MANIFEST",
     "DATA_VERSION",
+    "DATA_VERSIONS",
+    "DATA_VERSION_V2",
     "DEFAULT_TASK_KNOBS",
+    "V2_TASK_KNOBS",
     "DataSpec",
     "Example",
     "LoraSpec",
@@ -654,6 +738,7 @@ __all__ = [
     "TrainResult",
     "adapter_size_bytes",
     "collate",
+    "data_version_knobs",
     "encode_example",
     "encode_examples",
     "encode_items",

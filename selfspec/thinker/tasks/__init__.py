@@ -11,6 +11,12 @@ model thinks (see `base` for the contract every family follows):
 Splits are named by seed: ``generate_split(families(), seed=0, n=1000)`` for training and
 another seed for held-out items; an item is a pure function of (family, version, seed,
 index, knobs), so any process regenerates the same split.
+
+A family can have several versions (``versions(name)``); version 1 is the default. A
+version is picked like a knob: ``get_family("route_finding", version=2)``, or a
+``"version"`` entry in the knobs a split gets (that is how a data version such as
+``thinker-data-v2`` in `selfspec.thinker.train` selects them). Checking dispatches on the
+item's own version, so stored items of any version check alike.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .arithmetic_search import ArithmeticSearch
+from .arithmetic_search import ArithmeticSearch, ArithmeticSearchV2
 from .base import (
     CheckResult,
     TaskFamily,
@@ -31,12 +37,17 @@ from .base import (
     stable_rng,
 )
 from .class_synthesis import ClassSynthesis
-from .record_extraction import RecordExtraction
-from .route_finding import RouteFinding
+from .record_extraction import RecordExtraction, RecordExtractionV2
+from .route_finding import RouteFinding, RouteFindingV2
 
-_FAMILY_TYPES: dict[str, type[TaskFamily]] = {
-    family.name: family for family in (ClassSynthesis, RecordExtraction, RouteFinding, ArithmeticSearch)
-}
+DEFAULT_VERSION = 1
+"""The family version `get_family` builds when none is named (the data of thinker-data-v1)."""
+
+_FAMILY_TYPES: dict[str, dict[int, type[TaskFamily]]] = {}
+for _family in (
+    ClassSynthesis, RecordExtraction, RouteFinding, ArithmeticSearch, RecordExtractionV2, RouteFindingV2, ArithmeticSearchV2
+):
+    _FAMILY_TYPES.setdefault(_family.name, {})[_family.version] = _family
 
 
 def families() -> list[str]:
@@ -44,13 +55,26 @@ def families() -> list[str]:
     return list(_FAMILY_TYPES)
 
 
-def get_family(name: str, **knobs: Any) -> TaskFamily:
-    """An instance of family `name` with the given difficulty knobs (defaults otherwise)."""
+def versions(name: str) -> list[int]:
+    """The versions of family `name`, oldest first."""
+    return sorted(_family_versions(name))
+
+
+def _family_versions(name: str) -> dict[int, type[TaskFamily]]:
     try:
-        family_type = _FAMILY_TYPES[name]
+        return _FAMILY_TYPES[name]
     except KeyError:
         raise KeyError(f"unknown task family {name!r}; known: {', '.join(_FAMILY_TYPES)}") from None
-    return family_type(**knobs)
+
+
+def get_family(name: str, version: int | None = None, **knobs: Any) -> TaskFamily:
+    """An instance of version `version` (default `DEFAULT_VERSION`) of family `name` with
+    the given difficulty knobs (the version's defaults otherwise)."""
+    by_version = _family_versions(name)
+    wanted = DEFAULT_VERSION if version is None else int(version)
+    if wanted not in by_version:
+        raise KeyError(f"family {name!r} has no version {version!r}; known: {sorted(by_version)}")
+    return by_version[wanted](**knobs)
 
 
 def generate(family: str, seed: int, index: int, **knobs: Any) -> TaskItem:
@@ -78,19 +102,20 @@ def generate_split(
 
 def check(item: TaskItem, answer_text: str) -> CheckResult:
     """Judge one answer (a bare answer or a full output with its thinking) for `item`."""
-    return get_family(item.family).check(item, answer_text)
+    return get_family(item.family, version=item.version).check(item, answer_text)
 
 
 def check_many(items: Sequence[TaskItem], answers: Sequence[str]) -> list[CheckResult]:
     """Judge many answers, batched per family (one subprocess for all class answers)."""
     if len(items) != len(answers):
         raise ValueError(f"{len(items)} items but {len(answers)} answers")
-    positions: dict[str, list[int]] = defaultdict(list)
+    positions: dict[tuple[str, int], list[int]] = defaultdict(list)
     for position, item in enumerate(items):
-        positions[item.family].append(position)
+        positions[(item.family, item.version)].append(position)
     results: list[CheckResult | None] = [None] * len(items)
-    for name, indices in positions.items():
-        verdicts = get_family(name).check_many([items[i] for i in indices], [answers[i] for i in indices])
+    for (name, version), indices in positions.items():
+        family = get_family(name, version=version)
+        verdicts = family.check_many([items[i] for i in indices], [answers[i] for i in indices])
         for i, verdict in zip(indices, verdicts):
             results[i] = verdict
     return [result for result in results if result is not None]
@@ -105,10 +130,14 @@ def iter_items(family: str, seed: int, indices: Iterable[int], **knobs: Any) -> 
 
 __all__ = [
     "ArithmeticSearch",
+    "ArithmeticSearchV2",
     "CheckResult",
     "ClassSynthesis",
+    "DEFAULT_VERSION",
     "RecordExtraction",
+    "RecordExtractionV2",
     "RouteFinding",
+    "RouteFindingV2",
     "TaskFamily",
     "TaskItem",
     "check",
@@ -123,4 +152,5 @@ __all__ = [
     "iter_items",
     "ordered_line_coverage",
     "stable_rng",
+    "versions",
 ]

@@ -6,6 +6,10 @@ a failed attempt or two, a step back from the target, then the equations, so a d
 forked after k puzzles holds k solutions. The checker replays every equation: operands
 must be available (each given number and each intermediate result used at most once),
 the arithmetic must be exact, and the last result must be the target.
+
+Version 2 (`ArithmeticSearchV2`, in thinker-data-v2): three numbers 1-9 used in order and
+a complete search of at most 3 x 3 operations, each written with its result (see the
+comment before `ordered_search`). Both versions share the checker.
 """
 
 from __future__ import annotations
@@ -296,3 +300,121 @@ class ArithmeticSearch(TaskFamily):
             failures.append(f"unparseable: {problems[0]!r}")
         detail = f"{solved}/{len(puzzles)} solved" + ("; " + "; ".join(failures[:3]) if failures else "")
         return CheckResult(solved == len(puzzles) and not problems, solved / len(puzzles), detail)
+
+
+# ------------------------------------------------------------------------ version 2
+# Version 2 replaces guessing with a short, complete search. A puzzle has three small
+# numbers to be used in the order given: first combine the first two, then that result
+# with the third. The CoT tries the first operation in a fixed order (+, -, *); for each
+# it writes the result and then every second operation with its result, until one hits
+# the target (a subtraction that would not stay positive is written as "not allowed").
+# Every tried operation is written out with its result, so the CoT's arithmetic is on
+# one or two digits at a time and the search is at most 3 x 3 steps.
+
+V2_OPERATORS = ("+", "-", "*")
+
+
+def _v2_try(left: int, op: str, right: int) -> str:
+    result = apply(left, op, right)
+    return f"{left} {op} {right} not allowed" if result is None else f"{left} {op} {right} = {result}"
+
+
+def ordered_search(numbers: Sequence[int], target: int) -> tuple[list[str], list[Step] | None]:
+    """The CoT lines of the ordered search and the two steps it finds (None if none)."""
+    a, b, c = numbers
+    lines = []
+    for op1 in V2_OPERATORS:
+        first = apply(a, op1, b)
+        if first is None:
+            lines.append(f"{_v2_try(a, op1, b)}.")
+            continue
+        tries = []
+        for op2 in V2_OPERATORS:
+            tries.append(_v2_try(first, op2, c))
+            if apply(first, op2, c) == target:
+                lines.append(f"{a} {op1} {b} = {first}: {', '.join(tries)}. Yes.")
+                return lines, [Step(a, op1, b, first), Step(first, op2, c, target)]
+        lines.append(f"{a} {op1} {b} = {first}: {', '.join(tries)}. No.")
+    return lines, None
+
+
+class ArithmeticSearchV2(ArithmeticSearch):
+    """Arithmetic search, version 2 (see the comment above): three numbers in order.
+
+    Knobs: `min_puzzles`/`max_puzzles`, `max_number` (numbers are 1..max_number),
+    `min_target`/`max_target`. The checker is version 1's (any valid derivation passes).
+    """
+
+    version = 2
+
+    def __init__(
+        self,
+        min_puzzles: int = 4,
+        max_puzzles: int = 6,
+        max_number: int = 9,
+        min_target: int = 10,
+        max_target: int = 99,
+    ) -> None:
+        require_range("puzzles", min_puzzles, max_puzzles)
+        require_range("numbers", 2, max_number)
+        require_range("target", min_target, max_target)
+        self.min_puzzles, self.max_puzzles = min_puzzles, max_puzzles
+        self.max_number, self.min_target, self.max_target = max_number, min_target, max_target
+
+    def knobs(self) -> dict[str, Any]:
+        return {
+            "min_puzzles": self.min_puzzles,
+            "max_puzzles": self.max_puzzles,
+            "max_number": self.max_number,
+            "min_target": self.min_target,
+            "max_target": self.max_target,
+        }
+
+    def _v2_puzzle(self, rng: random.Random) -> tuple[list[int], int, list[str], list[Step]]:
+        for _ in range(10_000):
+            numbers = [rng.randint(1, self.max_number) for _ in range(3)]
+            op1, op2 = rng.choice(V2_OPERATORS), rng.choice(V2_OPERATORS)
+            first = apply(numbers[0], op1, numbers[1])
+            target = None if first is None else apply(first, op2, numbers[2])
+            if target is None or not self.min_target <= target <= self.max_target or target in numbers:
+                continue
+            if target in {apply(numbers[0], op, numbers[1]) for op in V2_OPERATORS}:
+                continue  # the first step alone would reach the target
+            lines, steps = ordered_search(numbers, target)
+            assert steps is not None  # the planted pair is in the search
+            return numbers, target, lines, steps
+        raise RuntimeError("no puzzle within the target range; widen min_target/max_target")
+
+    def build(self, rng: random.Random) -> tuple[str, str, str, dict[str, Any]]:
+        puzzles = [self._v2_puzzle(rng) for _ in range(rng.randint(self.min_puzzles, self.max_puzzles))]
+        answer = "\n\n".join(
+            "\n".join([f"Puzzle {k}: target {target}", *map(str, steps)])
+            for k, (_, target, _, steps) in enumerate(puzzles, start=1)
+        )
+        listed = [f"Puzzle {k}: numbers {', '.join(map(str, numbers))}; target {target}" for k, (numbers, target, _, _) in enumerate(puzzles, start=1)]
+        intro = rng.choice(
+            ("Solve each of these {n} number puzzles.", "Here are {n} small number puzzles; solve them all.", "Reach every target below ({n} puzzles).")
+        ).format(n=len(puzzles))
+        rules = (
+            "Each puzzle has three numbers. Combine the first two with +, - or *, then combine that result "
+            "with the third number with +, - or *, to make the target. Every result must be a positive "
+            "whole number (subtract only a smaller number from a larger one)."
+        )
+        fmt = (
+            'For each puzzle write "Puzzle <k>: target <T>", then its two equations, one per line, in the form '
+            '"a op b = c", the second one giving the target. Leave a blank line between puzzles.'
+        )
+        prompt = "\n".join([intro, rules, fmt, "", *listed])
+        blocks = [
+            f"{len(puzzles)} puzzles. For each one I try the first operation as +, then -, then *; for each "
+            "result I try the third number with +, -, * until one gives the target, then write the two equations."
+        ]
+        for k, (numbers, target, lines, steps) in enumerate(puzzles, start=1):
+            blocks.append(
+                "\n".join(
+                    [f"Puzzle {k}: target {target}", f"Numbers in order: {', '.join(map(str, numbers))}.", *lines, *map(str, steps)]
+                )
+            )
+        blocks.append(f"All {len(puzzles)} targets reached.")
+        meta = {"puzzles": [{"numbers": numbers, "target": target} for numbers, target, _, _ in puzzles]}
+        return prompt, "\n\n".join(blocks), answer, meta

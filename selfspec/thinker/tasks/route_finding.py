@@ -7,6 +7,10 @@ forward from the start; at each station it rules out the other branches (dead en
 longer loop, already visited) and writes the hop, so a draft forked after k steps holds
 k hops. The checker validates every hop against the network and the length against
 the shortest.
+
+Version 2 (`RouteFindingV2`, in thinker-data-v2): 5-8 stations on 2-4 lines and a
+breadth-first search written out step by step, bounded by construction (see the comment
+before `build_small_network`). Both versions share the checker.
 """
 
 from __future__ import annotations
@@ -333,3 +337,200 @@ def _lcs(a: Sequence[Any], b: Sequence[Any]) -> int:
             current[j] = previous[j - 1] + 1 if x == y else max(previous[j], current[j - 1])
         previous = current
     return previous[-1]
+
+
+# ------------------------------------------------------------------------ version 2
+# Version 2: a small network (5-8 stations on 2-4 lines) listed one line per row as
+# "Line: A - B - C", and a CoT that runs a breadth-first search back from the goal as
+# bounded, explicit steps. Each visit copies every line of the listing verbatim (so a
+# station's neighbours are the names right beside it in text just written), writes for
+# each new neighbour N the hop "From N take <line> to <station>" (the hop towards the
+# goal), notes neighbours reached before instead of adding them again, and writes the
+# queue; no station is visited twice. The search stops as soon as the start is reached;
+# the route is then the chain of hop notes from the start, each a copy of one note
+# (found by its "From <station> take" prefix), so it comes out in forward order.
+
+_V2_STATION_FIRST = tuple(word for word in vocab.STATION_FIRST if word not in vocab.LINE_COLOURS)
+
+
+def _v2_edges(lines: Mapping[str, Sequence[str]]) -> list[frozenset[str]]:
+    return [frozenset(pair) for stops in lines.values() for pair in zip(stops, stops[1:])]
+
+
+def build_small_network(rng: random.Random, n_stations: int, n_lines: int) -> dict[str, list[str]]:
+    """A connected network of `n_stations` stations (distinct first words) on `n_lines`
+    lines; every line after the first shares 1-2 stations with the earlier ones, and no
+    two lines serve the same pair of neighbouring stations."""
+    if n_stations < n_lines + 1:
+        raise ValueError(f"{n_lines} lines need at least {n_lines + 1} stations")
+    while True:
+        stations = [f"{first} {rng.choice(vocab.STATION_SECOND)}" for first in rng.sample(_V2_STATION_FIRST, n_stations)]
+        counts = [2] + [1] * (n_lines - 1)  # new stations per line
+        for _ in range(n_stations - sum(counts)):
+            counts[rng.randrange(n_lines)] += 1
+        names = _line_names(rng)
+        fresh = iter(stations)
+        lines: dict[str, list[str]] = {}
+        covered: list[str] = []
+        for count in counts:
+            new = [next(fresh) for _ in range(count)]
+            stops = list(new)
+            if covered:
+                stops += rng.sample(covered, min(len(covered), rng.choice((1, 1, 2))))
+                rng.shuffle(stops)
+            lines[next(names)] = stops
+            covered += new
+        edges = _v2_edges(lines)
+        if len(edges) == len(set(edges)):
+            return lines
+
+
+def bfs_distances(lines: Mapping[str, Sequence[str]], start: str) -> dict[str, int]:
+    adj = adjacency(lines)
+    distance = {start: 0}
+    queue = deque([start])
+    while queue:
+        station = queue.popleft()
+        for neighbour, _ in sorted(adj.get(station, ())):
+            if neighbour not in distance:
+                distance[neighbour] = distance[station] + 1
+                queue.append(neighbour)
+    return distance
+
+
+class RouteFindingV2(RouteFinding):
+    """Route finding, version 2 (see the comment above): small networks, bounded BFS CoT.
+
+    Knobs: `min_stations`/`max_stations`, `min_lines`/`max_lines`, and `min_hops` (the
+    start and goal are a farthest-apart pair of the network, at least `min_hops` apart).
+    """
+
+    version = 2
+
+    def __init__(
+        self,
+        min_stations: int = 5,
+        max_stations: int = 8,
+        min_lines: int = 2,
+        max_lines: int = 4,
+        min_hops: int = 2,
+    ) -> None:
+        require_range("stations", min_stations, max_stations, floor=3)
+        require_range("lines", min_lines, max_lines)
+        if min_stations < max_lines + 1:
+            raise ValueError(f"min_stations must be above max_lines ({max_lines} lines need {max_lines + 1} stations)")
+        if not 1 <= min_hops <= min_stations - 1:
+            raise ValueError(f"min_hops must be within [1, min_stations - 1], got {min_hops}")
+        self.min_stations, self.max_stations = min_stations, max_stations
+        self.min_lines, self.max_lines = min_lines, max_lines
+        self.min_hops = min_hops
+
+    def knobs(self) -> dict[str, Any]:
+        return {
+            "min_stations": self.min_stations,
+            "max_stations": self.max_stations,
+            "min_lines": self.min_lines,
+            "max_lines": self.max_lines,
+            "min_hops": self.min_hops,
+        }
+
+    # ------------------------------------------------------------------ generation
+    def build(self, rng: random.Random) -> tuple[str, str, str, dict[str, Any]]:
+        n_stations = rng.randint(self.min_stations, self.max_stations)
+        n_lines = rng.randint(self.min_lines, min(self.max_lines, n_stations - 1))
+        for _ in range(10_000):
+            lines = build_small_network(rng, n_stations, n_lines)
+            for line in lines:  # how a line is listed says nothing about the route's direction
+                if rng.random() < 0.5:
+                    lines[line].reverse()
+            distances = {station: bfs_distances(lines, station) for station in adjacency(lines)}
+            far = max(d for row in distances.values() for d in row.values())
+            if far >= self.min_hops:
+                break
+        else:
+            raise RuntimeError(f"no network of {n_stations} stations on {n_lines} lines has a {self.min_hops}-hop route")
+        pairs = sorted((a, b) for a, row in distances.items() for b, d in row.items() if d == far)
+        start, goal = rng.choice(pairs)
+        listed = list(lines.items())
+        rng.shuffle(listed)
+        listing = {line: stops for line, stops in listed}
+        cot, route, route_lines = self._v2_cot(listing, start, goal)
+        hop_lines = [hop_line(route[k], route_lines[k], route[k + 1]) for k in range(len(route_lines))]
+        answer = "\n".join(hop_lines)
+        prompt = self._v2_prompt(rng, listing, start, goal)
+        meta = {
+            "lines": listing,
+            "start": start,
+            "goal": goal,
+            "shortest_hops": far,
+            "route": route,
+        }
+        return prompt, cot, answer, meta
+
+    @staticmethod
+    def _v2_prompt(rng: random.Random, listing: Mapping[str, Sequence[str]], start: str, goal: str) -> str:
+        return "\n".join(
+            [
+                rng.choice(
+                    (
+                        "Here is a transit network. Every line runs in both directions.",
+                        "A city's trains, trams and buses are listed below; each runs both ways.",
+                        "The lines of a transit system, with their stops in order (services run both ways):",
+                    )
+                ),
+                "",
+                *(f"{line}: {' - '.join(stops)}" for line, stops in listing.items()),
+                "",
+                "A hop is a ride between two neighbouring stops of one line.",
+                f"Find the route from {start} to {goal} with the fewest hops.",
+                'Answer with one hop per line, exactly in the form "From <station> take <line> to <station>", '
+                'for example "From A take the Red Line to B" or "From B take Bus 7 to C".',
+            ]
+        )
+
+    @staticmethod
+    def _v2_cot(listing: Mapping[str, Sequence[str]], start: str, goal: str) -> tuple[str, list[str], list[str]]:
+        """The BFS CoT from the goal, and the route it finds (stations, line of each hop)."""
+        blocks = [
+            f"Start: {start}. Goal: {goal}. I search back from the goal, visiting stations in the order "
+            "they are reached. At each visit I copy every line; for each neighbour of the station on a "
+            "line I write the hop from that neighbour to the station, unless the neighbour was reached "
+            "before. When the start is reached, its hops lead to the goal."
+        ]
+        reached, queue = [goal], deque([goal])
+        towards: dict[str, tuple[str, str]] = {}  # station -> (line, next station towards the goal)
+        while start not in towards:
+            here = queue.popleft()
+            out = [f"Visit {here}" + (" (the goal)" if here == goal else "") + ":"]
+            for line, stops in listing.items():
+                out.append(f"{line}: {' - '.join(stops)}")
+                if here not in stops:
+                    out.append(f"no {here} on it")
+                    continue
+                at = stops.index(here)
+                for neighbour in [stops[i] for i in (at - 1, at + 1) if 0 <= i < len(stops)]:
+                    if neighbour in reached:
+                        out.append(f"{neighbour} already reached")
+                        continue
+                    reached.append(neighbour)
+                    queue.append(neighbour)
+                    towards[neighbour] = (line, here)
+                    out.append(hop_line(neighbour, line, here))
+                    if neighbour == start:
+                        out.append(f"{start} is the start: the search stops.")
+                        break
+                if start in towards:
+                    break
+            else:
+                out.append("Reached: " + ", ".join(reached))
+                out.append("Queue: " + ", ".join(queue))
+            blocks.append("\n".join(out))
+        route, route_lines = [start], []
+        while route[-1] != goal:
+            line, nxt = towards[route[-1]]
+            route_lines.append(line)
+            route.append(nxt)
+        hops = [hop_line(route[k], route_lines[k], route[k + 1]) for k in range(len(route_lines))]
+        blocks.append("Route from the start, following the hops:\n" + "\n".join(hops))
+        blocks.append(f"That reaches {goal}, the goal, in {len(hops)} hop{'s' if len(hops) != 1 else ''}.")
+        return "\n\n".join(blocks), route, route_lines
