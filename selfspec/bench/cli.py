@@ -24,7 +24,7 @@ console = Console(stderr=True)
 @bench_app.callback()
 def bench(
     ctx: typer.Context,
-    benchmark: str = typer.Option("humaneval", "--benchmark", "-b", help="humaneval | classeval | longproc | longproc/<task> | gsm8k | mbpp | math500."),
+    benchmark: str = typer.Option("humaneval", "--benchmark", "-b", help="humaneval | classeval | longproc | longproc/<task> | gsm8k | mbpp | math500 | thinker/<family> (held-out thinker tasks)."),
     model: str = typer.Option("smollm2", "--model", "-m", help="Model name, .gguf file or HF directory."),
     modes: str = typer.Option("baseline,prefix,suffix,prefix+suffix", help=f"Comma-separated modes: {', '.join(ALL_MODES)}."),
     limit: Optional[int] = typer.Option(None, help="Number of samples (default: all)."),

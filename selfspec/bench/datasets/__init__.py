@@ -20,6 +20,7 @@ from .longproc import load_longproc_all, load_longproc_task
 from .math500 import load_math500
 from .mbpp import load_mbpp
 from .sample import BenchSample
+from .thinker import THINKER_FAMILIES, load_thinker_task
 
 Loader = Callable[..., list[BenchSample]]
 
@@ -31,6 +32,7 @@ _REGISTRY: dict[str, Loader] = {
     "math500": load_math500,
     "longproc": load_longproc_all,
     **{f"longproc/{task}": partial(load_longproc_task, task) for task in LONGPROC_TASKS},
+    **{f"thinker/{family}": partial(load_thinker_task, family) for family in THINKER_FAMILIES},
 }
 
 

@@ -17,6 +17,8 @@ from .longproc import LONGPROC_SCORERS
 from .math500 import score_math500
 from .mbpp import score_mbpp
 from .result import ScoreResult
+from .thinker import score_thinker
+from ..datasets.thinker import THINKER_FAMILIES
 
 Scorer = Callable[..., ScoreResult]
 
@@ -27,6 +29,7 @@ SCORERS: dict[str, Scorer] = {
     "gsm8k": score_gsm8k,
     "math500": score_math500,
     **{f"longproc/{task}": scorer for task, scorer in LONGPROC_SCORERS.items()},
+    **{f"thinker/{family}": score_thinker for family in THINKER_FAMILIES},
 }
 
 
