@@ -85,7 +85,36 @@ def check_engine() -> None:
         assert refs[0] == model.generate(torch.tensor([prompts[0]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
                                          max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None,
                                          pad_token_id=0)[0, 3:].tolist()
+    check_ssr()
     print("engine ok")
+
+
+def check_ssr() -> None:
+    """SSR (fork, verify, rollback) through slot attention gives the baseline's tokens."""
+    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.engine.sampling import SamplingParams
+    from selfspec.engine.static_forward import GraphBuckets
+    from selfspec.llm import LLM
+    from selfspec.policies.thinking import ThinkingLimits
+    from selfspec.ssr.config import SSRConfig
+    from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_model("qwen3", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        for layer in model.model.layers:  # bigram model: drafts match, acceptance paths run
+            layer.self_attn.o_proj.weight.zero_()
+    cfg = EngineConfig(num_slots=8, max_len=256, static_shapes=True, slot_attention=True,
+                       graph_buckets=GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8, 16, 32, 64), min_keys=16))
+    llm = LLM.from_model(model, tok, engine_config=cfg)
+    assert llm.engine.runner.slot_attention
+    limits = ThinkingLimits(cot_cap=30, answer_cap=20, fixed_length=True)
+    params = SamplingParams(max_tokens=1000)
+    texts = ["What is 12 + 30?", "hello"]
+    base = llm.generate(texts, params, limits=limits, thinking=True)
+    out = llm.generate(texts, params, limits=limits, spec=SSRConfig(draft_budgets=[8], max_draft_len=30))
+    assert [o.token_ids for o in out] == [b.token_ids for b in base]
+    assert sum(o.metrics["accepted_prefix"] for o in out) > 0
 
 
 if __name__ == "__main__":
