@@ -101,10 +101,16 @@ class LLM:
 
     def set_draft(self, draft: "str | torch.nn.Module", **load_kwargs) -> None:
         """Attach a draft model for SpS: "layers:N" (the target's first N layers + head,
-        shared weights), a loaded module, or a model name/path of the same vocabulary."""
+        shared weights), "distilled:<dir>" or "layers:N+<dir>" (the same shape with a
+        distilled LoRA merged into copies of those layers: `selfspec.cospec.draft_distill`),
+        a loaded module, or a model name/path of the same vocabulary."""
         from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
 
-        if isinstance(draft, str) and draft.startswith("layers:"):
+        if isinstance(draft, str) and (draft.startswith("distilled:") or (draft.startswith("layers:") and "+" in draft)):
+            from selfspec.cospec.draft_distill import load_draft_spec
+
+            module = load_draft_spec(self.model, draft, compile_backend=self.engine.config.compile_backend)
+        elif isinstance(draft, str) and draft.startswith("layers:"):
             module = shallow_draft(self.model, int(draft.split(":", 1)[1]))
         elif isinstance(draft, str):
             from selfspec.models import load_model

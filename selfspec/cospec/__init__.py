@@ -3,7 +3,8 @@
 `CoSpecConfig(arbitrator=Arbitrator.from_draft(llm.draft_runner.model))` is passed as `spec=`
 to `LLM.generate`; `training` holds the SFT and PPO steps that train the arbitrator;
 `checkpoint` saves/loads a trained one (`save_arbitrator`, `load_arbitrator`); `evaluate`
-(+ `eval_tasks`, `eval_report`, `cli`) is `selfspec cospec eval`.
+(+ `eval_tasks`, `eval_report`, `cli`) is `selfspec cospec eval`; `draft_distill` trains the
+distilled shallow self-draft (`selfspec cospec train-draft`, loaded as `draft="distilled:<dir>"`).
 """
 
 from selfspec.cospec.arbitrator import (

@@ -50,9 +50,9 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
     return device, dtype
 
 
-def _command_line(ctx: typer.Context) -> str:
+def _command_line(ctx: typer.Context, name: str = "eval") -> str:
     """This invocation with every option spelled out (defaults too), for the report."""
-    parts = ["selfspec", "cospec", "eval"]
+    parts = ["selfspec", "cospec", name]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
         if value is None or not getattr(param, "opts", None):
@@ -148,4 +148,94 @@ def eval_command(
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
-__all__ = ["cospec_app", "eval_command", "parse_thresholds"]
+@cospec_app.command("train-draft")
+def train_draft_command(
+    ctx: typer.Context,
+    model: str = typer.Option("smollm2-thinker", "--model", "-m", help="Target (teacher): packaged name, .gguf, local HF directory, or 'tiny' (random test model, 2 layers: use --layers 1)."),
+    layers: int = typer.Option(8, "--layers", min=1, help="Draft depth N: the target's first N layers + final norm + head."),
+    steps: int = typer.Option(600, "--steps", min=1, help="Optimizer steps (cosine schedule); --time-budget-s may cut them."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Packed blocks per micro-batch."),
+    grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimizer step."),
+    seq_len: int = typer.Option(1024, "--seq-len", min=8, help="Tokens per packed training block."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (5% warm-up, cosine to 10%)."),
+    rank: int = typer.Option(32, "--rank", min=1, help="LoRA rank on q/k/v/o/gate/up/down of the draft's layers."),
+    alpha: Optional[int] = typer.Option(None, "--alpha", help="LoRA alpha (default 2 x rank)."),
+    kl_weight: float = typer.Option(1.0, "--kl-weight", min=0.0, help="Weight of KL(target || draft) at temperature 1."),
+    ce_weight: float = typer.Option(0.0, "--ce-weight", min=0.0, help="Weight of cross-entropy on the target's argmax."),
+    data_version: Optional[str] = typer.Option(None, "--data-version", help="Thinker data version (default: the thinker's default, thinker-data-v1)."),
+    families: Optional[str] = typer.Option(None, "--families", help="Comma list of thinker task families (default: all)."),
+    data_seed: int = typer.Option(0, "--data-seed", help="Stream of the training items (the thinker trained on 0)."),
+    heldout_seed: int = typer.Option(HELDOUT_SEED, "--heldout-seed", help="Stream of the held-out items for the agreement numbers."),
+    heldout_items: int = typer.Option(8, "--heldout-items", min=1, help="Held-out items per family."),
+    heldout_max_len: int = typer.Option(3072, "--heldout-max-len", min=8, help="Held-out examples are cut to this many tokens."),
+    time_budget_s: Optional[float] = typer.Option(None, "--time-budget-s", help="Fit the step count to this many seconds (from start, data included)."),
+    seed: int = typer.Option(0, "--seed", help="LoRA init and block order."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
+    dtype: str = typer.Option("auto", help="float32 | bfloat16 | float16 | auto (bf16 on CUDA, fp32 on CPU)."),
+    save_dtype: str = typer.Option("float32", "--save-dtype", help="dtype of the adapter weights on disk."),
+    log_every: int = typer.Option(10, "--log-every", min=1),
+    out: Path = typer.Option(..., "--out", help="Directory for the draft (peft adapter + selfspec_draft.json + loss_log.json)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Distil a shallow self-draft (first N layers + norm + head, LoRA) toward the target on thinker traces.
+
+    Load it with LLM(model, draft="distilled:DIR"), `selfspec cospec eval --draft distilled:DIR`.
+    """
+    from selfspec.cospec.draft_distill import DistillConfig, save_distilled_draft, train_distilled_draft
+
+    try:
+        names = tuple(n.strip() for n in families.split(",") if n.strip()) if families else None
+        if names is not None:
+            from selfspec.thinker.tasks import families as all_families
+
+            unknown = [n for n in names if n not in all_families()]
+            if unknown or not names:
+                raise ValueError(f"unknown task families {unknown or families!r}; known: {', '.join(all_families())}")
+        config = DistillConfig(
+            model=model,
+            layers=layers,
+            steps=steps,
+            batch_size=batch_size,
+            grad_accum=grad_accum,
+            seq_len=seq_len,
+            lr=lr,
+            rank=rank,
+            alpha=alpha,
+            kl_weight=kl_weight,
+            ce_weight=ce_weight,
+            data_version=data_version,
+            families=names,
+            data_seed=data_seed,
+            heldout_seed=heldout_seed,
+            heldout_items_per_family=heldout_items,
+            heldout_max_len=heldout_max_len,
+            seed=seed,
+            device=device,
+            dtype=dtype,
+            save_dtype=save_dtype,
+            time_budget_s=time_budget_s,
+            log_every=log_every,
+        )
+        config.data_spec()  # an unknown data version fails here, before the model loads
+    except (ValueError, KeyError) as exc:
+        _fail(str(exc).strip("'\""))
+    log = lambda message: typer.echo(message, err=True)  # noqa: E731
+    try:
+        target, draft, result = train_distilled_draft(config, progress=progress, log=log)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        _fail(str(exc))
+    path = save_distilled_draft(draft, out, target=target, config=config, result=result, command=_command_line(ctx, "train-draft"))
+    plain, distilled = result.heldout_plain.get("all", {}), result.heldout_distilled.get("all", {})
+    typer.echo(
+        f"held-out top-1 agreement: plain {plain.get('top1_agreement')} -> distilled {distilled.get('top1_agreement')} "
+        f"(KL {plain.get('kl')} -> {distilled.get('kl')}; {distilled.get('positions')} positions); "
+        f"{result.steps} steps in {result.train_seconds}s"
+    )
+    typer.echo(f"wrote {path} (load with draft='distilled:{path}')")
+
+
+__all__ = ["cospec_app", "eval_command", "parse_thresholds", "train_draft_command"]
+
+
+if __name__ == "__main__":  # `python -m selfspec.cospec.cli train-draft ...` without the main CLI
+    cospec_app()
