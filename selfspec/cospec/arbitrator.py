@@ -217,10 +217,15 @@ class Arbitrator(torch.nn.Module):
         return out.last_hidden_state  # already through the decoder's final norm
 
     @torch.inference_mode()
+    def keep_logits(self, states: Sequence[ArbitrationState]) -> torch.Tensor:
+        """Keep-draft logits [B] float32 on the arbitrator's device (sampled RL decisions use these)."""
+        device = self.head.weight.device
+        return self(build_batch(states, device))
+
+    @torch.inference_mode()
     def keep_probability(self, states: Sequence[ArbitrationState]) -> torch.Tensor:
         """π(keep draft) in [0, 1] for each state, [B] float32."""
-        device = self.head.weight.device
-        return torch.sigmoid(self(build_batch(states, device)))
+        return torch.sigmoid(self.keep_logits(states))
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -7,11 +7,12 @@ are what tests drive. The main CLI registers `cospec_app` under the name `cospec
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from selfspec.cli.command_line import explicit_command
 
 from selfspec.cospec.evaluate import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_THRESHOLDS
 from selfspec.thinker.evaluate import HELDOUT_SEED
@@ -52,16 +53,7 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
 
 def _command_line(ctx: typer.Context, name: str = "eval") -> str:
     """This invocation with every option spelled out (defaults too), for the report."""
-    parts = ["selfspec", "cospec", name]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if value is None or not getattr(param, "opts", None):
-            continue
-        if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):
-            parts.append(param.opts[0] if value else param.secondary_opts[0])
-        else:
-            parts += [param.opts[0], str(value)]
-    return shlex.join(parts)
+    return explicit_command(ctx, "cospec", name)
 
 
 @cospec_app.command("eval")
@@ -233,6 +225,14 @@ def train_draft_command(
     )
     typer.echo(f"wrote {path} (load with draft='distilled:{path}')")
 
+
+def _register_arbitrator_training() -> None:
+    from selfspec.cospec.train_cli import register
+
+    register(cospec_app)
+
+
+_register_arbitrator_training()
 
 __all__ = ["cospec_app", "eval_command", "parse_thresholds", "train_draft_command"]
 

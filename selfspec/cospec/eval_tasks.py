@@ -9,7 +9,10 @@ traces) never saw:
   eval); the training stream `TRAIN_SEED` (0) is refused, and so is any seed an arbitrator
   checkpoint lists under `training.data_seeds`.
 * GSM8K: the test split only (the train split is not shipped); `seed` picks which `n`
-  problems, through the same SHA-256-seeded RNG the task generators use.
+  problems, through the same SHA-256-seeded RNG the task generators use. Because the
+  arbitrator trainer (`cospec.train_arbitrator`) has to take its GSM8K items from the same
+  split, a checkpoint lists them under `training.gsm8k_ids`, and the eval draws from the
+  remaining problems only (`exclude_ids`; with none excluded the pick is unchanged).
 """
 
 from __future__ import annotations
@@ -91,36 +94,59 @@ def _thinker_task(name: str, n: int, seed: int) -> EvalTask:
     )
 
 
-def _gsm8k_task(n: int, seed: int, path: str | None) -> EvalTask:
-    from selfspec.bench.datasets.gsm8k import load_gsm8k
+def gsm8k_scorer() -> Scorer:
+    """GSM8K's exact numeric answer as an `EvalTask.score`."""
     from selfspec.bench.scoring.gsm8k import score_gsm8k
-
-    samples = load_gsm8k(path=path)
-    if n > len(samples):
-        raise ValueError(f"--n {n} exceeds the {len(samples)} GSM8K test problems")
-    picked = sorted(stable_rng("cospec-eval", GSM8K, seed).sample(range(len(samples)), n))
 
     def score(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
         results = [score_gsm8k(sample, answer) for sample, answer in zip(references, answers)]
         return [(r.passed, float(r.score)) for r in results]
 
+    return score
+
+
+def _gsm8k_task(n: int, seed: int, path: str | None, exclude_ids: Sequence[str] = ()) -> EvalTask:
+    from selfspec.bench.datasets.gsm8k import load_gsm8k
+
+    samples = load_gsm8k(path=path)
+    excluded = set(exclude_ids)
+    # The pool is a list of indices (the same pick as over range() when nothing is excluded).
+    pool = [i for i, sample in enumerate(samples) if sample.id not in excluded]
+    if n > len(pool):
+        raise ValueError(
+            f"--n {n} exceeds the {len(pool)} GSM8K test problems left"
+            + (f" after the {len(samples) - len(pool)} an arbitrator trained on" if excluded else "")
+        )
+    picked = sorted(stable_rng("cospec-eval", GSM8K, seed).sample(pool, n))
+
     return EvalTask(
         name=GSM8K,
         items=[EvalItem(samples[i].id, samples[i].messages, samples[i]) for i in picked],
         thinking=None,  # the model's own default (smollm2-thinker thinks)
-        score=score,
+        score=gsm8k_scorer(),
     )
 
 
-def build_task(name: str, n: int, seed: int, *, gsm8k_path: str | None = None) -> EvalTask:
-    """`n` held-out items of task `name`."""
+def build_task(
+    name: str, n: int, seed: int, *, gsm8k_path: str | None = None, exclude_gsm8k_ids: Sequence[str] = ()
+) -> EvalTask:
+    """`n` held-out items of task `name` (GSM8K: none of `exclude_gsm8k_ids`)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if name == GSM8K:
-        return _gsm8k_task(n, seed, gsm8k_path)
+        return _gsm8k_task(n, seed, gsm8k_path, exclude_gsm8k_ids)
     if name not in thinker_families():
         raise ValueError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
     return _thinker_task(name, n, seed)
 
 
-__all__ = ["GSM8K", "EvalItem", "EvalTask", "build_task", "check_heldout_seed", "known_tasks", "parse_tasks"]
+__all__ = [
+    "GSM8K",
+    "EvalItem",
+    "EvalTask",
+    "build_task",
+    "check_heldout_seed",
+    "gsm8k_scorer",
+    "known_tasks",
+    "parse_tasks",
+]

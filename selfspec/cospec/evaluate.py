@@ -397,9 +397,14 @@ def run_cospec_eval(
         raise ValueError("the eval needs a draft model: LLM(..., draft='layers:N')")
     if llm.tokenizer is None:
         raise ValueError("the eval needs a tokenizer (answers are scored as text)")
-    forbidden = list((getattr(arbitrator, "identity", {}) or {}).get("training", {}).get("data_seeds", []))
+    training = (getattr(arbitrator, "identity", {}) or {}).get("training", {}) or {}
+    forbidden = list(training.get("data_seeds", []))
     check_heldout_seed(config.seed, config.tasks, forbidden)
-    tasks = [build_task(name, config.n, config.seed, gsm8k_path=config.gsm8k_path) for name in config.tasks]
+    trained_gsm8k = [str(i) for i in training.get("gsm8k_ids", [])]  # the arbitrator's GSM8K training items
+    tasks = [
+        build_task(name, config.n, config.seed, gsm8k_path=config.gsm8k_path, exclude_gsm8k_ids=trained_gsm8k)
+        for name in config.tasks
+    ]
     modes = modes_for(config, arbitrator is not None)
     # Units: one per timed run, plus (with an arbitrator) one per probe run and per sampled state.
     states = config.counterfactual_states if arbitrator is not None else 0

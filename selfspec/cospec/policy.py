@@ -17,10 +17,17 @@ default, as the paper's state holds one mismatch per verification pass;
 The output is lossy by design (it is no longer the target's greedy output whenever a draft
 token is kept): the policy reports `lossy: True` and counts kept tokens in `report()`.
 Only greedy decoding is supported (the paper's target tokens are greedy verification tokens).
+
+RL rollouts (`sample_seed` set): the keep decision is *sampled*, keep ~ Bernoulli(π), from a
+`random.Random(sample_seed)` of the request, and the threshold is not used; the recorder then
+also receives the arbitrator's logit (the behaviour policy's log-probability for PPO) and the
+target's log-probability of the draft token at the mismatch (for reward shaping).
 """
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -50,6 +57,11 @@ class Decision:
     # the arbitrator's window cut it: counterfactual continuations restart from here.
     context: tuple[int, ...] = ()
     prompt_len: int = 0
+    # Sampled decisions (RL rollouts) only: the arbitrator's keep logit (log π(keep) is
+    # logsigmoid(keep_logit)) and the target's log-probability of the draft token d_j.
+    keep_logit: float | None = None
+    target_logprob: float | None = None
+    sampled: bool = False
 
 
 class CoSpecConfig(BaseModel):
@@ -67,6 +79,8 @@ class CoSpecConfig(BaseModel):
     max_prefix_tokens: int = Field(512, ge=1)  # arbitrator window over prompt + verified prefix
     arbitrator: Any = None  # an `Arbitrator`
     recorder: Any = None  # optional callable(Decision), e.g. a list's append
+    # RL rollouts: sample keep ~ Bernoulli(π) with this seed (the threshold is then unused).
+    sample_seed: int | None = None
 
     def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool, params=None) -> "CoSpecPolicy":
         from selfspec.engine.sampling import SamplingParams
@@ -79,6 +93,8 @@ class CoSpecConfig(BaseModel):
             raise ValueError("CoSpec arbitrates greedy verification tokens; use temperature 0")
         if self.arbitrator is None and self.threshold <= 1.0:
             raise ValueError("CoSpec needs an arbitrator unless threshold > 1 (collection mode)")
+        if self.sample_seed is not None and self.arbitrator is None:
+            raise ValueError("sampled CoSpec decisions (sample_seed) need an arbitrator")
         if self.arbitrator is not None and not isinstance(self.arbitrator, Arbitrator):
             raise TypeError(f"arbitrator must be a selfspec.cospec.Arbitrator, got {type(self.arbitrator).__name__}")
         proposer = DraftModelProposer(llm.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
@@ -92,6 +108,7 @@ class CoSpecConfig(BaseModel):
             max_arbitrations=self.max_arbitrations_per_round,
             max_prefix_tokens=self.max_prefix_tokens,
             recorder=self.recorder,
+            sample_seed=self.sample_seed,
         )
 
 
@@ -112,6 +129,7 @@ class CoSpecPolicy(ThinkingPolicy):
         max_arbitrations: int = 1,
         max_prefix_tokens: int = 512,
         recorder: Callable[[Decision], None] | None = None,
+        sample_seed: int | None = None,
     ) -> None:
         super().__init__(fmt, limits, thinking=thinking, proposer=proposer)
         self.arbitrator = arbitrator
@@ -119,6 +137,7 @@ class CoSpecPolicy(ThinkingPolicy):
         self.max_arbitrations = max_arbitrations
         self.max_prefix_tokens = max_prefix_tokens
         self.recorder = recorder
+        self.rng = random.Random(sample_seed) if sample_seed is not None else None
         self.arbitrations = 0
         self.kept_draft_tokens = 0
 
@@ -132,13 +151,13 @@ class CoSpecPolicy(ThinkingPolicy):
             if draft[accepted] == targets[accepted]:
                 accepted += 1
                 continue
-            if arbitrated >= self.max_arbitrations or not self._keep(seq, draft, targets, accepted):
+            if arbitrated >= self.max_arbitrations or not self._keep(seq, draft, targets, accepted, logits):
                 break
             arbitrated += 1
             accepted += 1
         return VerifyResult(num_accepted=accepted, next_token=int(targets[accepted]))
 
-    def _keep(self, seq: "Sequence", draft: list[int], targets: list[int], j: int) -> bool:
+    def _keep(self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None) -> bool:
         context = seq.token_ids + draft[:j]  # the engine appends the proposal only after verify
         state = ArbitrationState(
             prefix=tuple(context[-self.max_prefix_tokens :]),
@@ -146,15 +165,33 @@ class CoSpecPolicy(ThinkingPolicy):
             target_block=tuple(targets[j:]),
         )
         self.arbitrations += 1
-        probability = None
-        if self.arbitrator is not None:
-            probability = float(self.arbitrator.keep_probability([state])[0])
-        # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
-        # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
-        kept = probability is not None and self.threshold < 1.0 and probability >= self.threshold
+        probability = logit = target_logprob = None
+        if self.rng is not None:  # RL rollout: keep ~ Bernoulli(π)
+            logit = float(self.arbitrator.keep_logits([state])[0])
+            probability = 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
+            kept = self.rng.random() < probability
+        else:
+            if self.arbitrator is not None:
+                probability = float(self.arbitrator.keep_probability([state])[0])
+            # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
+            # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
+            kept = probability is not None and self.threshold < 1.0 and probability >= self.threshold
         self.kept_draft_tokens += kept
         if self.recorder is not None:
-            self.recorder(Decision(state, probability, kept, context=tuple(context), prompt_len=getattr(seq, "prompt_len", 0)))
+            if self.rng is not None and logits is not None:
+                target_logprob = float(torch.log_softmax(logits[j].float(), dim=-1)[draft[j]])
+            self.recorder(
+                Decision(
+                    state,
+                    probability,
+                    kept,
+                    context=tuple(context),
+                    prompt_len=getattr(seq, "prompt_len", 0),
+                    keep_logit=logit,
+                    target_logprob=target_logprob,
+                    sampled=self.rng is not None,
+                )
+            )
         return kept
 
     def report(self) -> dict[str, Any]:

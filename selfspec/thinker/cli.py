@@ -8,12 +8,13 @@ where the main CLI's extra dependencies are missing (the GPU machine).
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+
+from selfspec.cli.command_line import explicit_command
 
 from selfspec.thinker.tasks import families as all_families
 
@@ -86,18 +87,8 @@ def _device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
 
 
 def _command_line(ctx: typer.Context) -> str:
-    """This invocation as an explicit `selfspec thinker ...` command: every option with
-    its value, defaults included, so the record does not depend on later defaults."""
-    parts = ["selfspec", "thinker", ctx.info_name or ""]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if value is None or not getattr(param, "opts", None):
-            continue
-        if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):
-            parts.append(param.opts[0] if value else param.secondary_opts[0])
-        else:
-            parts += [param.opts[0], str(value)]
-    return shlex.join(parts)
+    """This invocation as an explicit `selfspec thinker ...` command (defaults included)."""
+    return explicit_command(ctx, "thinker", ctx.info_name or "")
 
 
 @thinker_app.command()
