@@ -285,14 +285,14 @@ class Engine:
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal))
-        logits = self.runner.run(chunks)
+        logits = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _ in work])
         argmax = self.runner.last_argmax
         self.steps += 1
         events: list[StepEvent] = []
-        for (seq, fed, proposal), row_logits, row_argmax in zip(work, logits, argmax):
+        for (seq, fed, proposal), chunk, row_logits, row_argmax in zip(work, chunks, logits, argmax):
             if seq.is_finished:  # cancelled by a policy earlier in this loop
                 continue
-            if row_logits is None:
+            if chunk.num_logits == 0:
                 seq.num_cached += fed
                 seq.stats.prefill_forwards += 1
                 continue
@@ -329,7 +329,7 @@ class Engine:
         seq: Sequence,
         fed: int,
         proposal: Proposal | None,
-        logits: torch.Tensor,
+        logits: torch.Tensor | None,
         argmax: list[int] | None = None,
     ) -> list[int]:
         """Sample or verify, append, check stops. Returns the tokens appended.
@@ -408,6 +408,15 @@ class Engine:
         window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - longest - 8) :]
         text = self.tokenizer.decode(window, skip_special_tokens=False)
         return any(s in text for s in seq.params.stop)
+
+
+def _needs_logits(seq: Sequence) -> bool:
+    """Whether committing `seq` reads its logits: sampling, or a policy with its own verify.
+    Greedy rows otherwise use the runner's argmax alone."""
+    if not seq.params.greedy or seq.record_probs:
+        return True
+    policy = seq.policy
+    return policy is not None and getattr(type(policy), "verify", None) is not SequencePolicy.verify
 
 
 def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: float, cap: int = 256) -> int:

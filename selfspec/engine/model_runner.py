@@ -93,8 +93,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk]) -> list[torch.Tensor | None]:
-        """Run every chunk; return, per chunk, logits [num_logits, V] (float32) or None."""
+    def run(self, chunks: list[Chunk], want_logits: list[bool] | None = None) -> list[torch.Tensor | None]:
+        """Run every chunk; return, per chunk, logits [num_logits, V] (float32) or None.
+
+        `want_logits[i] = False` skips copying chunk i's logits out (greedy rows need only
+        `last_argmax`): one kernel launch and allocation less per row and step.
+        """
         for c in chunks:
             end = c.start + len(c.token_ids)
             if not c.token_ids:
@@ -104,10 +108,14 @@ class ModelRunner:
         results: list[torch.Tensor | None] = [None] * len(chunks)
         argmax: list[list[int] | None] = [None] * len(chunks)
         with fused() if self.fused_pointwise else contextlib.nullcontext():
-            return self._run_groups(chunks, results, argmax)
+            return self._run_groups(chunks, results, argmax, want_logits)
 
     def _run_groups(
-        self, chunks: list[Chunk], results: list[torch.Tensor | None], argmax: list[list[int] | None]
+        self,
+        chunks: list[Chunk],
+        results: list[torch.Tensor | None],
+        argmax: list[list[int] | None],
+        want_logits: list[bool] | None,
     ) -> list[torch.Tensor | None]:
         for group in self._group(chunks):
             group_chunks = [chunks[i] for i in group]
@@ -126,8 +134,9 @@ class ModelRunner:
             for row, i in enumerate(group):
                 n = chunks[i].num_logits
                 if n > 0:
-                    # A copy: static forwards share their output buffer across steps.
-                    results[i] = logits[row, width - n :].to(torch.float32, copy=True)
+                    if want_logits is None or want_logits[i]:
+                        # A copy: static forwards share their output buffer across steps.
+                        results[i] = logits[row, width - n :].to(torch.float32, copy=True)
                     argmax[i] = top_host[row, width - n :].tolist()
         self.last_argmax = argmax
         return results
