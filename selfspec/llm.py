@@ -78,6 +78,10 @@ class LLM:
         entry = get_model_entry(loaded.name) if isinstance(model, str) else None
         # A packaged adapter was trained to think (e.g. smollm2-thinker): think unless told not to.
         self.thinks_by_default = entry is not None and entry.adapter_dir is not None
+        if entry is not None and entry.end_of_turn_tokens and self.tokenizer is not None:
+            vocab = self.tokenizer.get_vocab()
+            extra = {vocab[t] for t in entry.end_of_turn_tokens if t in vocab}
+            self.engine.eos_token_ids = frozenset(self.engine.eos_token_ids | extra)
         if draft is not None:
             self.set_draft(draft, device=device, dtype=dtype, cache_dir=cache_dir)
 

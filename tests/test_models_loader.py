@@ -401,3 +401,19 @@ def test_load_local_dir_on_cuda(tiny_dir, prompt_ids):
     assert gpu.device.type == "cuda" and next(gpu.model.parameters()).is_cuda
     gpu_logits = _logits(gpu.model, prompt_ids.cuda()).cpu()
     assert torch.allclose(gpu_logits, _logits(cpu.model, prompt_ids), atol=0.3)
+
+
+def test_adapter_end_of_turn_tokens_join_the_eos_set(tmp_path, monkeypatch):
+    """A packaged adapter's `end_of_turn_tokens` end generation like its EOS does."""
+    import json
+
+    from selfspec.models import registry
+
+    manifest = {"base": "x", "thinking_start": "<think>", "thinking_end": "</think>",
+                "end_of_turn_tokens": ["<|im_start|>", "<|absent|>"]}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / registry.ADAPTER_MANIFEST).write_text(json.dumps(manifest))
+    (entry,) = registry.adapter_entries(tmp_path)
+    assert entry.end_of_turn_tokens == ("<|im_start|>", "<|absent|>")
+    packaged = json.loads((registry.PACKAGED_ADAPTERS_DIR / "smollm2-thinker" / registry.ADAPTER_MANIFEST).read_text())
+    assert packaged["end_of_turn_tokens"] == ["<|im_start|>"]

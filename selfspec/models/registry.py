@@ -95,6 +95,9 @@ class ModelEntry:
     adapter_dir: Path | None = None
     thinking_start: str | None = None
     thinking_end: str | None = None
+    # Tokens that also end the assistant's turn for this model (its EOS stays one too). A
+    # ChatML model that opens a new turn (`<|im_start|>`) inside its answer has ended it.
+    end_of_turn_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         has_adapter = self.base is not None and self.adapter_dir is not None
@@ -223,6 +226,7 @@ def adapter_entries(root: Path) -> list[ModelEntry]:
                 adapter_dir=adapter_dir,
                 thinking_start=data.get("thinking_start"),
                 thinking_end=data.get("thinking_end"),
+                end_of_turn_tokens=tuple(data.get("end_of_turn_tokens", ())),
             )
         )
     return entries

@@ -708,6 +708,9 @@ def save_adapter(
         or f"{config.base} + thinker LoRA (r={config.lora.r}) trained on {config.data.version} traces",
         "thinking_start": "<think>",
         "thinking_end": "</think>",
+        # ChatML: a new turn opened inside the answer ends it (SmolLM2-thinker in fp32 ends some
+        # answers with <|im_start|> instead of <|im_end|>). Ignored where the vocabulary lacks it.
+        "end_of_turn_tokens": ["<|im_start|>"],
         "data_version": config.data.version,
         "command": command,
         "train_config": config.describe(),
