@@ -271,7 +271,7 @@ def _warm_up(llm: LLM, sample: BenchSample | None, s: BenchSettings) -> None:
         buckets = runner.static.buckets
         rows = [b for b in buckets.batch if b <= max(1, 3 * s.concurrency)] or [buckets.batch[0]]
         keys = runner.max_len
-        total = len(rows) * len(buckets.tokens) * len(set(_key_buckets(buckets, keys)))
+        total = len(rows) * len(buckets.tokens) * len(buckets.key_buckets(keys))
         with tqdm(total=total, desc="capture CUDA graphs", unit="graph") as bar:
             runner.warm_up_graphs(rows, list(buckets.tokens), keys, progress=bar.update)
     short = BenchSettings(cot_cap=8, answer_cap=8, draft_budget=4, max_draft_len=4, fixed_length=True)
@@ -283,11 +283,3 @@ def mismatches(records: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """(sample, mode) pairs whose output differs from the baseline's."""
     return [(r["sample_id"], r["mode"]) for r in records if r.get("exact_match") is False]
 
-
-def _key_buckets(buckets, max_len: int) -> list[int]:
-    out, n = [], buckets.min_keys
-    while True:
-        out.append(min(n, max_len))
-        if n >= max_len:
-            return out
-        n *= 2

@@ -1,7 +1,7 @@
-"""The exact command behind a result: every option spelled out, defaults included.
+"""Small helpers shared by the typer commands.
 
-Reports and checkpoints record it so that a later change of a default cannot change what
-the record says was run.
+`explicit_command`: the exact command behind a result, every option spelled out (defaults
+included), so that a later change of a default cannot change what a record says was run.
 """
 
 from __future__ import annotations
@@ -23,3 +23,20 @@ def explicit_command(ctx: typer.Context, *words: str) -> str:
         else:
             parts += [param.opts[0], str(value)]
     return shlex.join(parts)
+
+
+def fail(message: str) -> None:
+    """Exit with status 2 and the message on stderr (bad input, nothing run)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def auto_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
+    """Resolve "auto": CUDA when present; bfloat16 on CUDA, float32 elsewhere."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return device, dtype

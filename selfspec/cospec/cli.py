@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from selfspec.cli.command_line import explicit_command
+from selfspec.cli.command_line import auto_device_and_dtype, explicit_command, fail
 
 from selfspec.cospec.evaluate import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_THRESHOLDS
 from selfspec.thinker.evaluate import HELDOUT_SEED
@@ -24,9 +24,6 @@ cospec_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 def parse_thresholds(value: str) -> tuple[float, ...]:
@@ -41,14 +38,6 @@ def parse_thresholds(value: str) -> tuple[float, ...]:
     return values
 
 
-def _device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return device, dtype
 
 
 def _command_line(ctx: typer.Context, name: str = "eval") -> str:
@@ -100,15 +89,15 @@ def eval_command(
 
             checkpoint = read_checkpoint_config(arbitrator)
     except (ValueError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     draft_name = draft or (checkpoint.draft if checkpoint is not None and checkpoint.draft else DEFAULT_DRAFT)
-    device, dtype = _device_and_dtype(device, dtype)
+    device, dtype = auto_device_and_dtype(device, dtype)
     from selfspec.server.cli import load_llm
 
     try:
         llm = load_llm(model, device=device, dtype=dtype, num_slots=4, max_len=max_len, draft=draft_name)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        _fail(f"could not load {model!r} with draft {draft_name!r}: {exc}")
+        fail(f"could not load {model!r} with draft {draft_name!r}: {exc}")
     arb = None
     if arbitrator is not None:
         from selfspec.cospec.checkpoint import load_arbitrator_for
@@ -116,7 +105,7 @@ def eval_command(
         try:
             arb = load_arbitrator_for(llm, arbitrator)
         except (ValueError, OSError) as exc:
-            _fail(f"could not load the arbitrator {str(arbitrator)!r}: {exc}")
+            fail(f"could not load the arbitrator {str(arbitrator)!r}: {exc}")
     meta = {
         "model": getattr(llm, "model_name", model),
         "draft": draft_name,
@@ -129,7 +118,7 @@ def eval_command(
     try:
         results = run_cospec_eval(llm, config, arb, progress=progress, meta=meta, log=lambda m: typer.echo(m, err=True))
     except (ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     paths = write_outputs(results, out)
     for row in results.summaries:
         tag = " LOSSY" if row["lossy"] else ""
@@ -210,12 +199,12 @@ def train_draft_command(
         )
         config.data_spec()  # an unknown data version fails here, before the model loads
     except (ValueError, KeyError) as exc:
-        _fail(str(exc).strip("'\""))
+        fail(str(exc).strip("'\""))
     log = lambda message: typer.echo(message, err=True)  # noqa: E731
     try:
         target, draft, result = train_distilled_draft(config, progress=progress, log=log)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     path = save_distilled_draft(draft, out, target=target, config=config, result=result, command=_command_line(ctx, "train-draft"))
     plain, distilled = result.heldout_plain.get("all", {}), result.heldout_distilled.get("all", {})
     typer.echo(

@@ -454,11 +454,6 @@ BUDGET_SHARE_FOR_STEPS = 0.9
 HARD_STOP_FACTOR = 1.15
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train_distilled_draft(
     config: DistillConfig,
     *,
@@ -472,7 +467,7 @@ def train_distilled_draft(
     peft draft, result). Pass `target`/`tokenizer` to use a loaded model (tests); otherwise
     `config.model` is loaded (the same loader `LLM` uses, so the draft is trained against
     the weights it will be merged beside)."""
-    from selfspec.thinker.train import LoraSpec, _autocast_factory, add_lora, device_name, library_versions, lr_at
+    from selfspec.thinker.train import LoraSpec, _autocast_factory, _synchronize, add_lora, device_name, library_versions, lr_at
 
     started = time.perf_counter()
     device, dtype = resolve_device_dtype(config.device, config.dtype)

@@ -150,7 +150,8 @@ class ModelRunner:
         if self.static is None:
             return 0.0
         buckets = self.static.buckets
-        keys = sorted({buckets.key_bucket(n, self.max_len) for n in _doubling(buckets.min_keys, max_cached)})
+        largest = buckets.key_bucket(max_cached, self.max_len)
+        keys = [k for k in buckets.key_buckets(self.max_len) if k <= largest]
         shapes = [
             (b, t, k)
             for b in sorted({buckets.batch_bucket(x) for x in batch_sizes} - {None})
@@ -229,24 +230,20 @@ class ModelRunner:
             key_length=key_length,
         )
         num_logits = max(1, max(c.num_logits for c in chunks))
+        return self.call_model(input_ids, attention_mask, positions, num_logits)
+
+    def call_model(self, input_ids: torch.Tensor, attention_mask, positions: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """The model over a routed step (the cache's routing is set); clears the routing after."""
         try:
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=positions,
                 use_cache=True,
-                logits_to_keep=num_logits,
+                logits_to_keep=logits_to_keep,
                 **{self.cache_kwarg: self.cache},
             )
         finally:
             self.cache.end_step()
         return out.logits
 
-
-def _doubling(start: int, stop: int) -> list[int]:
-    values, n = [], start
-    while True:
-        values.append(min(n, stop))
-        if n >= stop:
-            return values
-        n *= 2

@@ -54,6 +54,14 @@ class GraphBuckets:
     def token_bucket(self, n: int) -> int | None:
         return _bucket_up(n, self.tokens)
 
+    def key_buckets(self, max_len: int) -> list[int]:
+        """Every key bucket a cache of `max_len` positions can use, smallest first."""
+        sizes, size = [], self.min_keys
+        while size < max_len:
+            sizes.append(size)
+            size *= 2
+        return sizes + [max_len]
+
     def key_bucket(self, needed: int, max_len: int) -> int:
         size = self.min_keys
         while size < needed:
@@ -232,19 +240,8 @@ class StaticForwardPool:
             positions=positions,
             direct=runner.slot_attention,
         )
-        try:
-            with fused() if runner.fused_pointwise else contextlib.nullcontext():
-                out = runner.model(
-                    input_ids=ids,
-                    attention_mask=attention_mask,
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=t,
-                    **{runner.cache_kwarg: runner.cache},
-                )
-        finally:
-            runner.cache.end_step()
-        logits = out.logits
+        with fused() if runner.fused_pointwise else contextlib.nullcontext():
+            logits = runner.call_model(ids, attention_mask, positions, t)
         self.logits_out[:b, :t].copy_(logits)
         self.argmax_out[:b, :t].copy_(logits.argmax(dim=-1))
 

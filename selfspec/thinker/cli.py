@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from selfspec.cli.command_line import explicit_command
+from selfspec.cli.command_line import auto_device_and_dtype, explicit_command, fail
 
 from selfspec.thinker.tasks import families as all_families
 
@@ -25,16 +25,13 @@ thinker_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=2)
 
 
 def _families(value: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in value.split(",") if name.strip())
     unknown = [name for name in names if name not in all_families()]
     if not names or unknown:
-        _fail(f"unknown task families {unknown or value!r}; known: {', '.join(all_families())}")
+        fail(f"unknown task families {unknown or value!r}; known: {', '.join(all_families())}")
     return names
 
 
@@ -43,9 +40,9 @@ def _knobs(value: str) -> dict[str, dict[str, Any]]:
         text = value if value.lstrip().startswith("{") else Path(value).read_text()
         parsed = json.loads(text)
     except (ValueError, OSError) as error:
-        _fail(f"--knobs must be JSON (or a JSON file) mapping family -> knobs: {error}")
+        fail(f"--knobs must be JSON (or a JSON file) mapping family -> knobs: {error}")
     if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
-        _fail("--knobs must map each family name to a dict of knobs")
+        fail("--knobs must map each family name to a dict of knobs")
     return parsed
 
 
@@ -58,15 +55,15 @@ def _data_spec(families: str, seed: int, items_per_family: int, knobs: Optional[
     if knobs is None:
         version = data_version or DATA_VERSION
         if version not in DATA_VERSIONS:
-            _fail(f"unknown data version {version!r}; built in: {', '.join(DATA_VERSIONS)} (custom data need --knobs)")
+            fail(f"unknown data version {version!r}; built in: {', '.join(DATA_VERSIONS)} (custom data need --knobs)")
         return DataSpec.for_version(version, names, seed, items_per_family)
     if data_version is None:
-        _fail("custom --knobs need a --data-version name, so the adapter says which data it saw")
+        fail("custom --knobs need a --data-version name, so the adapter says which data it saw")
     parsed = _knobs(knobs)
     if data_version in DATA_VERSIONS and any(
         dict(parsed.get(name, {})) != dict(DATA_VERSIONS[data_version].get(name, {})) for name in names
     ):
-        _fail(f"--data-version {data_version} names built-in knobs; give custom --knobs a new name")
+        fail(f"--data-version {data_version} names built-in knobs; give custom --knobs a new name")
     return DataSpec(families=names, seed=seed, items_per_family=items_per_family, knobs=parsed, version=data_version)
 
 
@@ -76,14 +73,6 @@ _DATA_VERSION_HELP = (
 )
 
 
-def _device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return device, dtype
 
 
 def _command_line(ctx: typer.Context) -> str:
@@ -123,7 +112,7 @@ def train(
     """LoRA-train a thinker on generated traces and write the adapter + TRAINING.md."""
     from selfspec.thinker.train import LoraSpec, TrainConfig, adapter_size_bytes, save_adapter, train_thinker
 
-    device, dtype = _device_and_dtype(device, dtype)
+    device, dtype = auto_device_and_dtype(device, dtype)
     data = _data_spec(families, data_seed, items_per_family, knobs, data_version)
     config = TrainConfig(
         base=base,
@@ -269,7 +258,7 @@ def eval_command(
     trained_on = (_training_facts(model) or {}).get("data version")
     if trained_on and trained_on != data.version:
         typer.echo(f"note: {model} was trained on {trained_on}; evaluating on {data.version} (pick with --data-version)")
-    device, dtype = _device_and_dtype(device, dtype)
+    device, dtype = auto_device_and_dtype(device, dtype)
     config = EvalConfig(
         data=data,
         cot_cap=cot_cap,
