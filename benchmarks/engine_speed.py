@@ -165,12 +165,16 @@ def ssr_overhead(model, tok, args, device) -> dict:
         "Explain how to find the shortest path in a graph, then give code.",
     ]
     budget, max_draft = args.ssr_budget, args.ssr_max_draft
+    backoffs = [int(b) for b in args.ssr_backoffs.split(",")]
     modes = {
         "baseline": None,
         "ssr-off": SSRConfig(draft_budgets=[budget], max_draft_len=max_draft, reuse="off"),
-        "ssr-noaccept": SSRConfig(draft_budgets=[budget], max_draft_len=max_draft),
-        "ssr": SSRConfig(draft_budgets=[budget], max_draft_len=max_draft),
     }
+    # Every draft token rejected, at each suffix back-off cap (the first is the default's).
+    for b in backoffs:
+        name = "ssr-noaccept" if b == SSRConfig().suffix_backoff_max else f"ssr-noaccept-b{b}"
+        modes[name] = SSRConfig(draft_budgets=[budget], max_draft_len=max_draft, suffix_backoff_max=b)
+    modes["ssr"] = SSRConfig(draft_budgets=[budget], max_draft_len=max_draft)
 
     def reject_all(target_argmax, proposal):
         targets = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else list(target_argmax)
@@ -184,9 +188,10 @@ def ssr_overhead(model, tok, args, device) -> dict:
         llm.generate(prompts[0], SamplingParams(max_tokens=10_000), limits=short, thinking=True, spec=spec)
     times: dict[str, list[float]] = {m: [] for m in modes}
     tokens: dict[str, list[list[int]]] = {m: [] for m in modes}
+    metrics: dict[str, list[dict]] = {m: [] for m in modes}
     for prompt in prompts:
         for mode, spec in modes.items():  # interleaved per prompt
-            llm_engine.verify_greedy = reject_all if mode == "ssr-noaccept" else verify_greedy
+            llm_engine.verify_greedy = reject_all if mode.startswith("ssr-noaccept") else verify_greedy
             try:
                 sync()
                 t0 = time.perf_counter()
@@ -196,9 +201,10 @@ def ssr_overhead(model, tok, args, device) -> dict:
                 llm_engine.verify_greedy = verify_greedy
             times[mode].append(time.perf_counter() - t0)
             tokens[mode].append(res.token_ids)
+            metrics[mode].append({k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str))})
     base = times["baseline"]
     out = {"cot": args.ssr_cot, "answer": args.ssr_answer, "draft_budget": budget, "max_draft": max_draft,
-           "prompts": len(prompts)}
+           "prompts": len(prompts), "modes": list(modes)}
     for mode in modes:
         ratio = statistics.mean(t / b for t, b in zip(times[mode], base))
         out[mode] = {
@@ -206,6 +212,8 @@ def ssr_overhead(model, tok, args, device) -> dict:
             "latency_vs_baseline": ratio,
             "overhead_pct": 100 * (ratio - 1),
             "exact": tokens[mode] == tokens["baseline"],
+            "per_prompt_latency_s": times[mode],
+            "metrics": metrics[mode],
         }
     return out
 
@@ -231,6 +239,7 @@ def main() -> None:
     parser.add_argument("--ssr-answer", type=int, default=1500)
     parser.add_argument("--ssr-budget", type=int, default=500)
     parser.add_argument("--ssr-max-draft", type=int, default=500)
+    parser.add_argument("--ssr-backoffs", default="16,64", help="suffix back-off caps for the every-token-rejected runs")
     parser.add_argument("--skip-ssr", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/engine_speed")
     parser.add_argument("--random-weights", action="store_true",
@@ -422,10 +431,18 @@ def render(results: dict, modes: list[str]) -> str:
     if "ssr_overhead" in results:
         s = results["ssr_overhead"]
         lines += ["", f"## SSR overhead (batch 1, CoT {s['cot']}, answer {s['answer']}, draft at {s['draft_budget']}, "
-                      f"{s['prompts']} prompts)", "", "| mode | mean latency s | vs baseline | overhead | exact |", "|---|---|---|---|---|"]
-        for mode in ("baseline", "ssr-off", "ssr-noaccept", "ssr"):
+                      f"{s['prompts']} prompts)", "",
+                  "| mode | mean latency s | vs baseline | overhead | exact | forwards | draft forwards | answer verify steps | accepted tokens |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+
+        def mean_metric(r: dict, key: str) -> str:
+            values = [m[key] for m in r.get("metrics", []) if key in m]
+            return f"{statistics.mean(values):.0f}" if values else "–"
+
+        for mode in s.get("modes", ("baseline", "ssr-off", "ssr-noaccept", "ssr")):
             r = s[mode]
-            lines.append(f"| {mode} | {r['mean_latency_s']:.3f} | {r['latency_vs_baseline']:.3f} | {r['overhead_pct']:+.1f}% | {r['exact']} |")
+            counts = " | ".join(mean_metric(r, k) for k in ("forwards", "draft_forwards", "answer_verify_steps", "accepted_tokens"))
+            lines.append(f"| {mode} | {r['mean_latency_s']:.3f} | {r['latency_vs_baseline']:.3f} | {r['overhead_pct']:+.1f}% | {r['exact']} | {counts} |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,8 +9,12 @@
 # token-exact (bf16 kernels change with the batch shape); 8 samples share a batch.
 set -euo pipefail
 model=$1; bench=$2; offset=$3; limit=$4; shift 4
-name=$(basename "$model"); out=benchmarks/results/h200/raw/${name}_${bench//\//-}.jsonl
+# BENCH_RAW_DIR: write the records elsewhere (a device queue's output dir); a file of the
+# same name under benchmarks/results/h200/raw/ is copied there first so the run resumes.
+name=$(basename "$model"); file=${name}_${bench//\//-}.jsonl
+out=${BENCH_RAW_DIR:-benchmarks/results/h200/raw}/$file
 mkdir -p "$(dirname "$out")"
+if [ ! -f "$out" ] && [ -f "benchmarks/results/h200/raw/$file" ]; then cp "benchmarks/results/h200/raw/$file" "$out"; fi
 python3 -m selfspec.cli.main bench -b "$bench" --model "$model" --device cuda --dtype float32 \
   --concurrency 8 --offset "$offset" --limit "$limit" --score --out "$out" "$@"
 if [ -n "${OUT:-}" ]; then cp "$out" "$OUT/"; fi

@@ -137,14 +137,27 @@ def test_cli_eval_end_to_end(checkpoint, tmp_path):
 def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
     out = tmp_path / "plain"
     args = [
-        "cospec", "eval", "--model", "tiny", "--draft", "layers:1", "--tasks", "gsm8k", "--n", "1", "--k", "4",
+        "cospec", "eval", "--model", "tiny", "--draft", "layers:1", "--tasks", "gsm8k,humaneval", "--n", "1", "--k", "4",
         "--max-tokens", "8", "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress",
         "--no-warmup", "--out", str(out),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = _lines(out / "results.jsonl")
-    assert [r["label"] for r in lines if r["kind"] == "summary"] == ["target", "sps"]
+    assert [r["label"] for r in lines if r["kind"] == "summary"] == ["target", "sps"] * 2
     assert not [r for r in lines if r["kind"].startswith("counterfactual")]
     bad = CliRunner().invoke(app, ["cospec", "eval", "--model", "tiny", "--thresholds", "2", "--out", str(out)])
     assert bad.exit_code == 2 and "thresholds" in bad.output
+
+
+def test_humaneval_task_scores_with_the_tests():
+    """HumanEval items are picked by seed and scored by running the problem's check()."""
+    from selfspec.cospec.eval_tasks import build_task
+
+    task = build_task("humaneval", 2, 1000)
+    again = build_task("humaneval", 2, 1000)
+    assert [i.uid for i in task.items] == [i.uid for i in again.items]
+    refs = [item.reference for item in task.items]
+    solutions = [f"```python\n{r.reference['prompt']}{r.reference['canonical_solution']}\n```" for r in refs]
+    assert [passed for passed, _ in task.score(refs, solutions)] == [True, True]
+    assert [passed for passed, _ in task.score(refs, ["```python\nreturn None\n```"] * 2)] == [False, False]

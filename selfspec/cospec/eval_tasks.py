@@ -1,4 +1,4 @@
-"""The items `selfspec cospec eval` runs: thinker task families and GSM8K, on held-out seeds.
+"""The items `selfspec cospec eval` runs: thinker task families, GSM8K and HumanEval, on held-out seeds.
 
 CoSpec is lossy, so its eval must score answers, not compare tokens; the scorers are the
 ones the rest of the project already trusts (the thinker families' checkers, GSM8K's exact
@@ -25,6 +25,7 @@ from selfspec.thinker.tasks import families as thinker_families
 from selfspec.thinker.tasks import stable_rng
 
 GSM8K = "gsm8k"
+HUMANEVAL = "humaneval"
 
 Scorer = Callable[[Sequence[Any], Sequence[str]], list[tuple[bool, float]]]
 
@@ -52,7 +53,7 @@ class EvalTask:
 
 
 def known_tasks() -> list[str]:
-    return [*thinker_families(), GSM8K]
+    return [*thinker_families(), GSM8K, HUMANEVAL]
 
 
 def parse_tasks(value: str) -> tuple[str, ...]:
@@ -68,7 +69,7 @@ def check_heldout_seed(seed: int, tasks: Sequence[str], forbidden: Sequence[int]
     """Refuse a seed the target or the arbitrator was trained on (thinker families only)."""
     from selfspec.thinker.train import TRAIN_SEED
 
-    if not any(task != GSM8K for task in tasks):
+    if not any(task not in (GSM8K, HUMANEVAL) for task in tasks):
         return
     if seed == TRAIN_SEED:
         raise ValueError(f"seed {seed} is the thinker's training stream; use a held-out seed (default 1000)")
@@ -127,14 +128,49 @@ def _gsm8k_task(n: int, seed: int, path: str | None, exclude_ids: Sequence[str] 
     )
 
 
+def humaneval_scorer() -> Scorer:
+    """HumanEval's tests, run in a subprocess with a timeout, as an `EvalTask.score`."""
+    from selfspec.bench.scoring.humaneval import score_humaneval
+
+    def score(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
+        results = [score_humaneval(sample, answer) for sample, answer in zip(references, answers)]
+        return [(r.passed, float(r.score)) for r in results]
+
+    return score
+
+
+def _humaneval_task(n: int, seed: int, path: str | None) -> EvalTask:
+    """`n` HumanEval problems picked by `seed` (nothing here trains on HumanEval)."""
+    from selfspec.bench.datasets.humaneval import load_humaneval
+
+    samples = load_humaneval(path=path)
+    if n > len(samples):
+        raise ValueError(f"--n {n} exceeds the {len(samples)} HumanEval problems")
+    picked = sorted(stable_rng("cospec-eval", HUMANEVAL, seed).sample(range(len(samples)), n))
+    return EvalTask(
+        name=HUMANEVAL,
+        items=[EvalItem(samples[i].id, samples[i].messages, samples[i]) for i in picked],
+        thinking=None,  # the model's own default
+        score=humaneval_scorer(),
+    )
+
+
 def build_task(
-    name: str, n: int, seed: int, *, gsm8k_path: str | None = None, exclude_gsm8k_ids: Sequence[str] = ()
+    name: str,
+    n: int,
+    seed: int,
+    *,
+    gsm8k_path: str | None = None,
+    exclude_gsm8k_ids: Sequence[str] = (),
+    humaneval_path: str | None = None,
 ) -> EvalTask:
     """`n` held-out items of task `name` (GSM8K: none of `exclude_gsm8k_ids`)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if name == GSM8K:
         return _gsm8k_task(n, seed, gsm8k_path, exclude_gsm8k_ids)
+    if name == HUMANEVAL:
+        return _humaneval_task(n, seed, humaneval_path)
     if name not in thinker_families():
         raise ValueError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
     return _thinker_task(name, n, seed)
@@ -142,11 +178,13 @@ def build_task(
 
 __all__ = [
     "GSM8K",
+    "HUMANEVAL",
     "EvalItem",
     "EvalTask",
     "build_task",
     "check_heldout_seed",
     "gsm8k_scorer",
+    "humaneval_scorer",
     "known_tasks",
     "parse_tasks",
 ]

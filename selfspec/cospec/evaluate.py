@@ -62,6 +62,7 @@ class CoSpecEvalConfig:
     max_prefix_tokens: int = 512
     warmup: bool = True
     gsm8k_path: str | None = None
+    humaneval_path: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -402,7 +403,8 @@ def run_cospec_eval(
     check_heldout_seed(config.seed, config.tasks, forbidden)
     trained_gsm8k = [str(i) for i in training.get("gsm8k_ids", [])]  # the arbitrator's GSM8K training items
     tasks = [
-        build_task(name, config.n, config.seed, gsm8k_path=config.gsm8k_path, exclude_gsm8k_ids=trained_gsm8k)
+        build_task(name, config.n, config.seed, gsm8k_path=config.gsm8k_path, exclude_gsm8k_ids=trained_gsm8k,
+                   humaneval_path=config.humaneval_path)
         for name in config.tasks
     ]
     modes = modes_for(config, arbitrator is not None)

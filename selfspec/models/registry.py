@@ -208,28 +208,28 @@ def unregister_model(name: str) -> None:
     _registry.pop(name, None)
 
 
+def adapter_entry(adapter_dir: Path, name: str | None = None) -> ModelEntry:
+    """The entry that `<adapter_dir>/selfspec_adapter.json` describes (named after the dir)."""
+    manifest = adapter_dir / ADAPTER_MANIFEST
+    data = json.loads(manifest.read_text())
+    if "base" not in data:
+        raise ValueError(f"{manifest} must name its base model ('base')")
+    return ModelEntry(
+        name=name or adapter_dir.name,
+        description=data.get("description", f"{data['base']} + LoRA adapter {adapter_dir.name}"),
+        base=data["base"],
+        adapter_dir=adapter_dir,
+        thinking_start=data.get("thinking_start"),
+        thinking_end=data.get("thinking_end"),
+        end_of_turn_tokens=tuple(data.get("end_of_turn_tokens", ())),
+    )
+
+
 def adapter_entries(root: Path) -> list[ModelEntry]:
     """Entries for every `<root>/<name>/selfspec_adapter.json` manifest."""
     if not root.is_dir():
         return []
-    entries = []
-    for manifest in sorted(root.glob(f"*/{ADAPTER_MANIFEST}")):
-        data = json.loads(manifest.read_text())
-        if "base" not in data:
-            raise ValueError(f"{manifest} must name its base model ('base')")
-        adapter_dir = manifest.parent
-        entries.append(
-            ModelEntry(
-                name=adapter_dir.name,
-                description=data.get("description", f"{data['base']} + LoRA adapter {adapter_dir.name}"),
-                base=data["base"],
-                adapter_dir=adapter_dir,
-                thinking_start=data.get("thinking_start"),
-                thinking_end=data.get("thinking_end"),
-                end_of_turn_tokens=tuple(data.get("end_of_turn_tokens", ())),
-            )
-        )
-    return entries
+    return [adapter_entry(manifest.parent) for manifest in sorted(root.glob(f"*/{ADAPTER_MANIFEST}"))]
 
 
 def _all_entries() -> dict[str, ModelEntry]:
@@ -242,7 +242,12 @@ def _all_entries() -> dict[str, ModelEntry]:
 
 
 def get_model_entry(name: str) -> ModelEntry | None:
-    return _all_entries().get(name)
+    """A short name's entry; a directory holding an adapter manifest (e.g. a fresh
+    `selfspec thinker train --out DIR`) is its own entry, named by the path given."""
+    entry = _all_entries().get(name)
+    if entry is None and (Path(name).expanduser() / ADAPTER_MANIFEST).is_file():
+        entry = adapter_entry(Path(name).expanduser().resolve(), name=name)
+    return entry
 
 
 def model_entries() -> list[ModelEntry]:

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Queues of long runs on the lent GPU machine that outlive the 10-minute `device` call.
+#
+#   source scripts/device_setup.sh
+#   bash scripts/device_queue.sh start GPU QUEUE_FILE   # returns at once; runs the file's
+#                                                       # commands one after another on GPU
+#   bash scripts/device_queue.sh collect SECONDS        # waits while queues run (at most
+#                                                       # SECONDS), packing /tmp/out/<queue>/
+#                                                       # into $OUT/<queue>.tgz every 20 s
+#
+# Why: a device call lasts at most 10 minutes, the machine is held for at most 30, and it is
+# given back 30 s after a call ends. A queue started in its own process session (setsid)
+# keeps running between calls; each following call only collects. Packing into one archive
+# per queue keeps within the 8 files that come back per call, and what is packed at a
+# call's timeout still comes back.
+#
+# QUEUE_FILE: one shell command per line (blank lines and # comments skipped), run with
+# CUDA_VISIBLE_DEVICES=GPU and Q_OUT=/tmp/out/<queue name> (the file's basename without
+# .txt). Each command's output goes to $Q_OUT/logs/NN.log; $Q_OUT/status.tsv records
+# start, end and exit code per line; a failing command does not stop the queue.
+set -uo pipefail
+root=/tmp/out
+case "${1:-}" in
+  start)
+    gpu=$2; queue=$3; name=$(basename "$queue" .txt); qout=$root/$name
+    mkdir -p "$qout/logs"; cp "$queue" "$qout/queue.txt"
+    setsid nohup bash "$0" _run "$gpu" "$qout" >"$qout/logs/queue.log" 2>&1 < /dev/null &
+    echo "device_queue: started $name on GPU $gpu (logs in $qout/logs)"
+    ;;
+  _run)
+    gpu=$2; qout=$3; n=0
+    export CUDA_VISIBLE_DEVICES=$gpu Q_OUT=$qout
+    while IFS= read -r line || [ -n "$line" ]; do
+      [[ -z "${line// }" || "$line" =~ ^[[:space:]]*# ]] && continue
+      n=$((n + 1)); log=$(printf '%s/logs/%02d.log' "$qout" "$n")
+      start=$(date +%s)
+      printf '%s\n' "$line" > "$log"
+      bash -c "$line" >> "$log" 2>&1; rc=$?
+      printf '%d\t%s\t%s\t%d\t%s\n' "$n" "$start" "$(date +%s)" "$rc" "$line" >> "$qout/status.tsv"
+    done < "$qout/queue.txt"
+    touch "$qout/done"
+    ;;
+  collect)
+    limit=${2:-570}; t0=$(date +%s)
+    pack() {
+      for q in "$root"/*/; do
+        [ -d "$q" ] || continue; name=$(basename "$q")
+        tar czf "${OUT:-/tmp}/$name.tgz.tmp" -C "$root" "$name" && mv "${OUT:-/tmp}/$name.tgz.tmp" "${OUT:-/tmp}/$name.tgz"
+      done
+    }
+    while :; do
+      pack
+      running=0
+      for q in "$root"/*/; do [ -f "$q/queue.txt" ] && [ ! -f "$q/done" ] && running=1; done
+      [ $running -eq 0 ] && break
+      [ $(( $(date +%s) - t0 + 20 )) -ge "$limit" ] && break
+      sleep 20
+    done
+    for q in "$root"/*/; do
+      [ -d "$q" ] || continue
+      echo "== $(basename "$q"): $([ -f "$q/done" ] && echo done || echo running)"
+      [ -f "$q/status.tsv" ] && cut -f1,3,4,5 "$q/status.tsv" | cut -c1-160
+      last=$(ls "$q"/logs/[0-9]*.log 2>/dev/null | tail -1); [ -n "$last" ] && tail -3 "$last" | cut -c1-300
+    done
+    ;;
+  *) echo "usage: device_queue.sh start GPU QUEUE_FILE | collect SECONDS" >&2; exit 2 ;;
+esac
