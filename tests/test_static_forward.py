@@ -201,3 +201,23 @@ def test_compiled_pointwise_modules_are_exact_and_scoped():
     run(engine, [seq])
     assert seq.output_ids == want
     assert reference(model, prompt, 20) == want  # generate after wrapping: eager pieces, same tokens
+
+
+def test_long_verify_chunks_do_not_pad_every_decode_row():
+    """One 32-token verify chunk among decode rows: the decode rows get their own replay."""
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=GraphBuckets(min_keys=8))
+    runner = Engine(model, None, cfg, eos_token_ids=[]).runner
+    buckets = runner.static.buckets
+    chunks = [Chunk(slot=0, start=10, token_ids=list(range(1, 33)), num_logits=32)]
+    chunks += [Chunk(slot=1 + k % 5, start=10, token_ids=[5], num_logits=1) for k in range(12)]
+    groups = runner._group(chunks)
+    assert sorted(i for g in groups for i in g) == list(range(len(chunks)))
+    for g in groups:
+        width = buckets.token_bucket(max(len(chunks[i].token_ids) for i in g))
+        padded = buckets.batch_bucket(len(g)) * width
+        real = sum(len(chunks[i].token_ids) for i in g)
+        assert padded - real <= runner.static_padding_budget or len(g) == 1
+    assert len(groups) == 2 and any(len(g) >= 8 and 0 not in g for g in groups)
+    decode_only = [Chunk(slot=k % 6, start=10, token_ids=[5], num_logits=1) for k in range(12)]
+    assert len(runner._group(decode_only)) == 1, "decode rows still share one replay"

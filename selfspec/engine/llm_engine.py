@@ -59,6 +59,9 @@ class EngineConfig:
     # Read the slot cache in place with a Triton kernel in static forwards (None: with CUDA graphs).
     slot_attention: bool | None = None
     compile_backend: str = "inductor"  # "aot_eager" checks the fused path without a compiler (tests)
+    # Static forwards: padded-minus-real tokens one replay may carry before rows are split
+    # into another replay (a long verify chunk must not pad every decode row to its length).
+    static_padding_budget: int = 128
 
     def validate(self) -> None:
         if self.num_slots < 0:
@@ -71,6 +74,8 @@ class EngineConfig:
             raise ValueError("prefill_chunk and max_prefill_tokens_per_step must be >= 1")
         if self.max_proposal_tokens < 1:
             raise ValueError("max_proposal_tokens must be >= 1")
+        if self.static_padding_budget < 0:
+            raise ValueError(f"static_padding_budget must be >= 0, got {self.static_padding_budget}")
 
 
 @dataclass
@@ -130,6 +135,7 @@ class Engine:
             capture_graphs=graphs,
             fused_pointwise=compile_pointwise,
             slot_attention=graphs if self.config.slot_attention is None else self.config.slot_attention,
+            static_padding_budget=self.config.static_padding_budget,
         )
         self.max_len = max_len
         self.device = device
