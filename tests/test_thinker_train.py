@@ -64,7 +64,6 @@ TOY_KNOBS = {
     },
 }
 TOY_FAMILIES = ("route_finding", "arithmetic_search")
-PACKAGED = registry.PACKAGED_ADAPTERS_DIR / "smollm2-thinker"
 
 
 @pytest.fixture(scope="module")
@@ -313,15 +312,19 @@ def test_template_control_pairs_answers_of_the_same_family(tokenizer):
 # --- the packaged adapter ---------------------------------------------------------------------------
 
 
-def test_packaged_thinker_adapter_is_complete_and_small():
-    assert PACKAGED.is_dir(), "selfspec/adapters/smollm2-thinker is missing"
-    entry = registry.get_model_entry("smollm2-thinker")
-    assert entry is not None and entry.base == "smollm2" and entry.adapter_dir == PACKAGED
-    size = sum(f.stat().st_size for f in PACKAGED.iterdir() if f.is_file())
+@pytest.mark.parametrize("name,data_version", [("smollm2-thinker", "thinker-data-v1"), ("smollm2-thinker-v2", "thinker-data-v2")])
+def test_packaged_thinker_adapter_is_complete_and_small(name, data_version):
+    directory = registry.PACKAGED_ADAPTERS_DIR / name
+    assert directory.is_dir(), f"selfspec/adapters/{name} is missing"
+    entry = registry.get_model_entry(name)
+    assert entry is not None and entry.base == "smollm2" and entry.adapter_dir == directory
+    assert "<|im_start|>" in entry.end_of_turn_tokens
+    size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
     assert size <= 20_000_000
-    manifest = json.loads((PACKAGED / "selfspec_adapter.json").read_text())
-    assert manifest["data_version"] and manifest["command"].startswith("selfspec thinker train")
-    assert (PACKAGED / "TRAINING.md").is_file() and (PACKAGED / "adapter_config.json").is_file()
+    manifest = json.loads((directory / "selfspec_adapter.json").read_text())
+    assert manifest["data_version"] == data_version and manifest["command"].startswith("selfspec thinker train")
+    assert f"--out selfspec/adapters/{name} " in manifest["command"]
+    assert (directory / "TRAINING.md").is_file() and (directory / "adapter_config.json").is_file()
 
 
 @pytest.mark.model
