@@ -285,3 +285,34 @@ def test_cli_train_draft_on_the_tiny_model(tmp_path, tok):
     assert llm.draft_runner is not None
     bad = CliRunner().invoke(cospec_app, args[:4] + ["2"] + args[5:])
     assert bad.exit_code == 2 and "--layers must be in [1, 1]" in bad.output
+
+
+def test_packaged_draft_names_resolve_to_the_package():
+    from selfspec.cospec.draft_distill import PACKAGED_DRAFTS_DIR, parse_distilled_spec, read_draft_manifest
+
+    path, layers = parse_distilled_spec("distilled:smollm2-thinker-l8")
+    assert path == PACKAGED_DRAFTS_DIR / "smollm2-thinker-l8" and layers is None
+    manifest = read_draft_manifest(path)
+    assert manifest["base"] == "smollm2-thinker" and manifest["layers"] == 8
+    assert "--out selfspec/drafts/smollm2-thinker-l8 " in manifest["command"]
+    assert sum(f.stat().st_size for f in path.iterdir()) <= 20_000_000
+    assert parse_distilled_spec("distilled:no-such-draft")[0].name == "no-such-draft"  # a path, not found later
+
+
+@pytest.mark.model
+def test_packaged_draft_loads_under_its_target_and_sps_is_exact():
+    """The shipped draft matches smollm2-thinker's weights (signature) and SpS with it is exact."""
+    pytest.importorskip("peft")
+    from selfspec.models import MissingModelPackageError
+
+    try:
+        llm = LLM("smollm2-thinker", draft="distilled:smollm2-thinker-l8", engine_config=EngineConfig(num_slots=4, max_len=512))
+    except MissingModelPackageError as error:
+        pytest.skip(str(error))
+    limits = ThinkingLimits(cot_cap=12, answer_cap=12, fixed_length=True)
+    params = SamplingParams(max_tokens=100)
+    prompt = ["Write a Python class Counter with increment and reset methods."]
+    base = llm.generate(prompt, params, limits=limits, thinking=True)
+    out = llm.generate(prompt, params, limits=limits, thinking=True, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
+    assert out[0].token_ids == base[0].token_ids
+    assert out[0].metrics["accepted_tokens"] > 0, "the distilled draft should agree with the target sometimes"

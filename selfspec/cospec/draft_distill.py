@@ -59,6 +59,8 @@ ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 LOSS_LOG_FILE = "loss_log.json"
 DISTILLED_PREFIX = "distilled:"
+# Drafts shipped with the package: `distilled:<name>` finds `selfspec/drafts/<name>/`.
+PACKAGED_DRAFTS_DIR = Path(__file__).resolve().parent.parent / "drafts"
 DEFAULT_TARGET_MODULES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TINY_MODEL = "tiny"  # the random test model of `selfspec.server.cli.load_llm` (qwen3, 2 layers, seed 0)
 SIGNATURE_RTOL = 1e-2
@@ -726,14 +728,23 @@ def read_draft_manifest(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def resolve_draft_dir(path: str) -> Path:
+    """A draft directory as given, else the packaged draft of that name."""
+    given = Path(path).expanduser()
+    packaged = PACKAGED_DRAFTS_DIR / path
+    if not given.exists() and "/" not in path and packaged.is_dir():
+        return packaged
+    return given
+
+
 def parse_distilled_spec(spec: str) -> tuple[Path, int | None] | None:
-    """`"distilled:<dir>"` -> (dir, None); `"layers:N+<dir>"` -> (dir, N); anything else
-    (including plain `"layers:N"`) -> None."""
+    """`"distilled:<dir or packaged name>"` -> (dir, None); `"layers:N+<dir>"` -> (dir, N);
+    anything else (including plain `"layers:N"`) -> None."""
     if spec.startswith(DISTILLED_PREFIX):
         path = spec[len(DISTILLED_PREFIX) :]
         if not path:
             raise ValueError("draft 'distilled:' needs a directory: distilled:<dir>")
-        return Path(path).expanduser(), None
+        return resolve_draft_dir(path), None
     if spec.startswith("layers:") and "+" in spec:
         count, _, path = spec[len("layers:") :].partition("+")
         try:
@@ -742,7 +753,7 @@ def parse_distilled_spec(spec: str) -> tuple[Path, int | None] | None:
             raise ValueError(f"draft {spec!r}: expected layers:N+<dir>") from None
         if not path:
             raise ValueError(f"draft {spec!r}: expected layers:N+<dir>")
-        return Path(path).expanduser(), layers
+        return resolve_draft_dir(path), layers
     return None
 
 
