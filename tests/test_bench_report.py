@@ -170,3 +170,24 @@ def test_resume_and_exactness_are_keyed_by_model_and_settings(tmp_path):
     assert completed_pairs(path, "m", b) == {("s1", "baseline")}
     assert _baseline_hashes(path, "m", b) == {"s1": "h2"}
     assert _baseline_hashes(path, "other", a) == {"s1": "h3"}
+
+
+def test_timing_check_flags_a_batch_that_ran_slow_per_forward(tmp_path: Path):
+    """A first batch whose baseline paid for warm-up is flagged; the paired speedups it
+    would flatter are named in the report."""
+    records = []
+    for i in range(8):  # concurrency 2: four batches of two samples
+        slow = 1.8 if i < 2 else 1.0
+        records.append(_rec(f"s{i}", "baseline", 10.0 * slow, forwards=1000))
+        records.append(_rec(f"s{i}", "prefix+suffix", 10.0, forwards=1000))
+    for r in records:
+        r["settings"] = {**r["settings"], "concurrency": 2}
+    path = build_report([_write(tmp_path / "t.jsonl", records)], tmp_path / "out")
+    text = path.read_text()
+    assert "Timing check" in text and "baseline, batch 0 (samples 0–1 in run order): 18.00 ms per forward" in text
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    flagged = summary["groups"][0]["timing_check"]["flagged"]
+    assert [(f["mode"], f["batch"]) for f in flagged] == [("baseline", 0)]
+    even = [dict(r, latency_s=10.0) for r in records]
+    clean = build_report([_write(tmp_path / "e.jsonl", even)], tmp_path / "out2").read_text()
+    assert "Timing check" not in clean

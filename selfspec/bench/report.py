@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,8 +358,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         table_clean = group.table(exclude=set(excluded)) if excluded else table
         latency_png = plots.plot_latency_split(group.title, table, out_dir / f"latency_{stem}.png")
         meta = group.meta()
+        timing = timing_check(group)
         md += [f"## {group.title}", "", f"Settings: {_settings_line(group.settings)}", "",
-               markdown_table(table), ""]
+               markdown_table(table), "", *_timing_lines(timing)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
             md += [markdown_table(table_clean), ""]
@@ -372,7 +374,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             "model": group.model, "benchmark": group.benchmark, "settings": group.settings,
             "n_samples": len({r["sample_id"] for r in group.records}),
             "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
-            "meta": meta, "plots": {"latency": latency_png.name},
+            "meta": meta, "plots": {"latency": latency_png.name}, "timing_check": timing,
         })
 
     md += ["## Speedup against draft budget", ""]
@@ -408,6 +410,52 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     report_path.write_text("\n".join(md))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return report_path
+
+
+TIMING_OUTLIER_RATIO = 1.25
+
+
+def timing_check(group: Group) -> dict[str, Any]:
+    """Time per forward of each mode in each batch of samples (the samples that shared the
+    engine's batch, in the order they ran), and the cells that stand out.
+
+    Why: the paired speedup assumes every mode of a sample ran under the same conditions. A
+    first timed run that pays for compilations (seen on the H200: a baseline at 1.6x the
+    per-forward time of later batches) makes every other mode of that batch look fast. A
+    cell slower than `TIMING_OUTLIER_RATIO` x its mode's median over batches is flagged.
+    """
+    concurrency = max(1, int(group.settings.get("concurrency") or 1))
+    order = list(dict.fromkeys(r["sample_id"] for r in group.records if r["mode"] == BASELINE))
+    batch_of = {sid: i // concurrency for i, sid in enumerate(order)}
+    cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rec in group.records:
+        forwards, latency = rec.get("forwards"), rec.get("latency_s")
+        if rec["sample_id"] in batch_of and forwards and latency:
+            cells[rec["mode"]][batch_of[rec["sample_id"]]].append(1e3 * latency / forwards)
+    table: dict[str, dict[int, float]] = {
+        mode: {b: statistics.median(v) for b, v in sorted(per_batch.items())} for mode, per_batch in cells.items()
+    }
+    flagged = []
+    for mode, per_batch in table.items():
+        if len(per_batch) < 2:
+            continue
+        typical = statistics.median(per_batch.values())
+        for batch, ms in per_batch.items():
+            if ms > TIMING_OUTLIER_RATIO * typical:
+                flagged.append({"mode": mode, "batch": batch, "ms_per_forward": ms, "median_ms": typical})
+    return {"concurrency": concurrency, "ms_per_forward": table, "flagged": flagged}
+
+
+def _timing_lines(check: dict[str, Any]) -> list[str]:
+    if not check["flagged"]:
+        return []
+    lines = ["**Timing check: some batches ran slower per forward than the rest of their mode** — their "
+             "samples' paired speedups are suspect (e.g. a first timed run that paid for compilations):", ""]
+    for f in check["flagged"]:
+        lines.append(f"- {f['mode']}, batch {f['batch']} (samples {f['batch'] * check['concurrency']}–"
+                     f"{(f['batch'] + 1) * check['concurrency'] - 1} in run order): {f['ms_per_forward']:.2f} ms per forward "
+                     f"vs median {f['median_ms']:.2f}")
+    return lines + [""]
 
 
 def concurrency_checks(groups: list[Group]) -> list[dict[str, Any]]:
