@@ -253,6 +253,7 @@ def main() -> None:
     parser.add_argument("--ssr-repeats", type=int, default=2, help="each prompt this many times (paired with its baseline)")
     parser.add_argument("--ssr-backoffs", default="16,64", help="suffix back-off caps for the every-token-rejected runs")
     parser.add_argument("--skip-ssr", action="store_true")
+    parser.add_argument("--ssr-only", action="store_true", help="only the SSR-overhead runs (file suffix _ssr)")
     parser.add_argument("--out", default="benchmarks/results/engine_speed")
     parser.add_argument("--random-weights", action="store_true",
                         help="random weights of the model's shapes (see step_profile.SHAPES): same speed, no files")
@@ -304,6 +305,11 @@ def main() -> None:
         "setup_seconds": {},
     }
     results: dict = {"meta": meta, "throughput": []}
+    if args.ssr_only:
+        # Only the SSR-overhead runs: a quiet, longer measurement of the ≤ 2% question.
+        results["ssr_overhead"] = ssr_overhead(model, tok, args, torch.device(args.device))
+        write_results(results, [], args, cuda, suffix="_ssr")
+        return
 
     # generate-static first, in full: its compiled forward captures CUDA graphs of its own
     # (reduce-overhead), and that capture frees cuBLAS workspaces that graphs captured
@@ -401,11 +407,15 @@ def main() -> None:
             results["ssr_overhead"] = ssr_overhead(model, tok, args, graph.device)
             log(f"ssr overhead: {json.dumps(results['ssr_overhead'])}")
 
+    write_results(results, modes, args, cuda)
+
+
+def write_results(results: dict, modes: list[str], args: argparse.Namespace, cuda: bool, suffix: str = "") -> None:
     report = render(results, modes)
     print(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{'cuda' if cuda else 'cpu'}_{args.model}" + ("_random" if args.random_weights else "")
+    stem = f"{'cuda' if cuda else 'cpu'}_{args.model}" + ("_random" if args.random_weights else "") + suffix
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
     (out / f"{stem}.md").write_text(report)
 
