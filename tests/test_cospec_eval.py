@@ -161,3 +161,29 @@ def test_humaneval_task_scores_with_the_tests():
     solutions = [f"```python\n{r.reference['prompt']}{r.reference['canonical_solution']}\n```" for r in refs]
     assert [passed for passed, _ in task.score(refs, solutions)] == [True, True]
     assert [passed for passed, _ in task.score(refs, ["```python\nreturn None\n```"] * 2)] == [False, False]
+
+
+def test_cli_report_merges_runs_split_by_task(tmp_path):
+    """Tasks evaluated in two runs (two GPUs) become one report; mismatched runs are refused."""
+    common = ["--model", "tiny", "--draft", "layers:1", "--n", "1", "--k", "4", "--max-tokens", "8", "--max-len", "2048",
+              "--device", "cpu", "--dtype", "float32", "--no-progress", "--no-warmup"]
+    for name, task in (("a", "gsm8k"), ("b", "humaneval")):
+        result = CliRunner().invoke(app, ["cospec", "eval", "--tasks", task, "--out", str(tmp_path / name), *common])
+        assert result.exit_code == 0, result.output
+    merged = tmp_path / "merged"
+    result = CliRunner().invoke(app, ["cospec", "report", str(tmp_path / "a" / "results.jsonl"),
+                                      str(tmp_path / "b" / "results.jsonl"), "--out", str(merged)])
+    assert result.exit_code == 0, result.output
+    lines = _lines(merged / "results.jsonl")
+    assert lines[0]["config"]["tasks"] == ["gsm8k", "humaneval"]
+    assert [(r["task"], r["label"]) for r in lines if r["kind"] == "summary"] == [
+        ("gsm8k", "target"), ("gsm8k", "sps"), ("humaneval", "target"), ("humaneval", "sps")]
+    text = (merged / "report.md").read_text()
+    assert "## gsm8k" in text and "## humaneval" in text and (merged / "speed_score.png").exists()
+    other = tmp_path / "c"
+    result = CliRunner().invoke(app, ["cospec", "eval", "--tasks", "gsm8k", "--out", str(other), *common[:-4], "--k", "2",
+                                      "--no-progress", "--no-warmup"])
+    assert result.exit_code == 0, result.output
+    bad = CliRunner().invoke(app, ["cospec", "report", str(tmp_path / "a" / "results.jsonl"), str(other / "results.jsonl"),
+                                   "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "differs" in bad.output

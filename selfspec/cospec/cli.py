@@ -131,6 +131,22 @@ def eval_command(
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
+@cospec_app.command("report")
+def report_command(
+    results: list[Path] = typer.Argument(..., help="results.jsonl files of `selfspec cospec eval` runs (same model, draft, arbitrator, K, thresholds)."),
+    out: Path = typer.Option(Path("benchmarks/results/cospec"), "--out", help="Directory for the merged results.jsonl, report.md and speed_score.png."),
+) -> None:
+    """Merge eval runs (e.g. tasks split over GPUs) into one report."""
+    from selfspec.cospec.eval_report import merge_results, write_outputs
+
+    try:
+        merged = merge_results(results)
+    except (ValueError, OSError, KeyError) as exc:
+        fail(str(exc))
+    paths = write_outputs(merged, out)
+    typer.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
 @cospec_app.command("train-draft")
 def train_draft_command(
     ctx: typer.Context,

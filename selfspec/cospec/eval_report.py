@@ -171,3 +171,44 @@ def write_outputs(results: CoSpecEvalResults, out_dir: str | Path) -> list[Path]
 
 
 __all__ = ["PLOT_FILE", "REPORT_FILE", "RESULTS_FILE", "plot_speed_score", "render_markdown", "write_outputs"]
+
+
+def merge_results(paths: Sequence[str | Path]) -> CoSpecEvalResults:
+    """One `CoSpecEvalResults` from several eval runs' results.jsonl (e.g. tasks split over two
+    GPUs). Runs must share model, draft, arbitrator, K and thresholds: their rows sit in one
+    report. Raises ValueError naming the file that differs or is not an eval result."""
+    merged: CoSpecEvalResults | None = None
+    commands: list[str] = []
+    same = ("model", "draft", "arbitrator", "dtype")
+    for path in paths:
+        lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        if not lines or lines[0].get("kind") != "config":
+            raise ValueError(f"{path}: not a `selfspec cospec eval` results.jsonl (no config line first)")
+        head = dict(lines[0])
+        config = head.pop("config")
+        head.pop("kind")
+        if merged is None:
+            merged = CoSpecEvalResults(config=dict(config), meta=head)
+        else:
+            for key in same:
+                if head.get(key) != merged.meta.get(key):
+                    raise ValueError(f"{path}: {key} {head.get(key)!r} differs from {merged.meta.get(key)!r}")
+            for key in ("k", "thresholds", "max_tokens"):
+                if config.get(key) != merged.config.get(key):
+                    raise ValueError(f"{path}: config {key} {config.get(key)!r} differs from {merged.config.get(key)!r}")
+            merged.config["tasks"] = list(dict.fromkeys([*merged.config["tasks"], *config["tasks"]]))
+        if head.get("command"):
+            commands.append(head["command"])
+        for line in lines[1:]:
+            bucket = {
+                "item": merged.items,
+                "summary": merged.summaries,
+                "counterfactual": merged.counterfactual_states,
+                "counterfactual_summary": merged.counterfactual_summaries,
+            }.get(line.get("kind"))
+            if bucket is not None:
+                bucket.append(line)
+    if merged is None:
+        raise ValueError("no results files given")
+    merged.meta["command"] = "\n".join(commands)
+    return merged
