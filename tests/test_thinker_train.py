@@ -325,6 +325,7 @@ def test_packaged_thinker_adapter_is_complete_and_small(name, data_version):
     assert manifest["data_version"] == data_version and manifest["command"].startswith("selfspec thinker train")
     assert f"--out selfspec/adapters/{name} " in manifest["command"]
     assert (directory / "TRAINING.md").is_file() and (directory / "adapter_config.json").is_file()
+    assert registry.adapter_data_version(name) == data_version  # evals default to the adapter's items
 
 
 @pytest.mark.model
@@ -409,3 +410,8 @@ def test_eval_pipeline_runs_on_v2_items(tiny_llm):
     assert [record["uid"] for record in results["records"]] == [item.uid for item in data.items()]
     assert all("-v2-" in record["uid"] and not record["passed"] for record in results["records"])
     assert results["overall"]["reference_loops"] == 0 and results["config"]["data"]["version"] == "toy-v2"
+
+
+def test_adapter_data_version_is_none_for_plain_models():
+    assert registry.adapter_data_version("smollm2") is None
+    assert registry.adapter_data_version("no-such-model") is None

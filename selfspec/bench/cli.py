@@ -51,7 +51,7 @@ def bench(
     check_exact: bool = typer.Option(True, "--check-exact/--no-check-exact", help="Compare each mode's tokens with the baseline's; list mismatches."),
     score: bool = typer.Option(False, "--score/--no-score", help="Grade answers with the benchmark's checker (subprocess)."),
     seed: int = typer.Option(0, help="Sampling seed (greedy runs ignore it)."),
-    data_version: Optional[str] = typer.Option(None, help="thinker/<family> benchmarks: the generators' data version (default: thinker-data-v1)."),
+    data_version: Optional[str] = typer.Option(None, help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1)."),
 ) -> None:
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
     if ctx.invoked_subcommand is not None:
@@ -82,6 +82,10 @@ def bench(
         seed=seed,
         concurrency=concurrency,
     )
+    if benchmark.startswith("thinker/") and data_version is None and path is None:
+        from selfspec.models.registry import adapter_data_version
+
+        data_version = adapter_data_version(model)  # the items the adapter was trained on (None: the default)
     extra = {"data_version": data_version} if benchmark.startswith("thinker/") and data_version else {}
     samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset, **extra)
     if "sps" in mode_list and draft is None:

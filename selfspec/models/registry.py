@@ -250,6 +250,16 @@ def get_model_entry(name: str) -> ModelEntry | None:
     return entry
 
 
+def adapter_data_version(name: str) -> str | None:
+    """The thinker data version an adapter was trained on (its manifest's `data_version`),
+    so that evaluations default to items of the same kind; None for other models."""
+    entry = get_model_entry(name)
+    if entry is None or entry.adapter_dir is None or not (entry.adapter_dir / ADAPTER_MANIFEST).is_file():
+        return None
+    value = json.loads((entry.adapter_dir / ADAPTER_MANIFEST).read_text()).get("data_version")
+    return value if isinstance(value, str) else None
+
+
 def model_entries() -> list[ModelEntry]:
     return list(_all_entries().values())
 

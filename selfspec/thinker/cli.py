@@ -254,6 +254,12 @@ def eval_command(
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
 
+    from selfspec.models.registry import adapter_data_version
+    from selfspec.thinker.train import DATA_VERSIONS
+
+    if data_version is None and knobs is None and adapter_data_version(model) in DATA_VERSIONS:
+        data_version = adapter_data_version(model)  # items of the kind the adapter learned
+        typer.echo(f"data version {data_version} (the one {model} was trained on; --data-version picks another)")
     data = _data_spec(families, seed, items_per_family, knobs, data_version)
     trained_on = (_training_facts(model) or {}).get("data version")
     if trained_on and trained_on != data.version:
