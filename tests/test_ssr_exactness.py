@@ -41,6 +41,10 @@ MODES = {
     "prefix+suffix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d),
     "prefix+suffix-no-backoff": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_backoff_max=0),
     "iterative": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d),
+    "think-speculation": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, speculate_thinking=True,
+                                                suffix_sources=["draft", "prompt", "output"]),
+    "iterative-think": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d, speculate_thinking=True,
+                                              suffix_sources=["draft", "prompt", "output"]),
     "all-sources": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_sources=["draft", "prompt", "output", "global"]),
     "suffix-decoding": lambda b, d: SpeculationConfig(method="suffix"),
     "suffix-global": lambda b, d: SpeculationConfig(method="suffix", sources=["prompt", "output", "global"]),
@@ -108,6 +112,9 @@ def test_answer_longer_than_draft(which, random_llm, bigram_llm):
         # Suffix decoding keeps going past the draft (the bigram answer cycles).
         assert all(m["suffix_accepted_tokens"] > 20 for m in metrics["prefix+suffix"])
         assert all(m["forwards"] < b.metrics["forwards"] for m, b in zip(metrics["prefix+suffix"], base))
+        # Thinking-phase speculation verifies CoT proposals too, and saves forwards on top.
+        assert all(m["thinking_verify_steps"] > 0 for m in metrics["think-speculation"])
+        assert sum(m["forwards"] for m in metrics["think-speculation"]) < sum(m["forwards"] for m in metrics["prefix+suffix"])
 
 
 def _natural_format(llm: LLM, end_token: int):
@@ -150,6 +157,8 @@ def test_model_ends_thinking_after_budget(bigram_llm):
         _, metrics = _check_all_modes(llm, limits, budget=4, max_draft=40, prompts=PROMPTS[1:2])
         assert metrics["prefix"][0]["thinking_closed_by"] == "model"
         assert metrics["prefix"][0]["drafts"] == 1
+        assert metrics["think-speculation"][0]["thinking_closed_by"] == "model"
+        assert metrics["think-speculation"][0]["drafts"] == 1
     finally:
         llm.thinking_format = original
 

@@ -50,7 +50,7 @@ def reference_answers(model):
             closed, attention_mask=torch.ones_like(closed), do_sample=True, max_new_tokens=ANSWER, min_new_tokens=ANSWER,
             top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0,
         )
-    return full[:, closed.shape[1] :].numpy()
+    return full[:, closed.shape[1] :].numpy(), full[:, len(PROMPT) : len(PROMPT) + COT].numpy()
 
 
 def _toy_format() -> ThinkingFormat:
@@ -61,10 +61,11 @@ def _toy_format() -> ThinkingFormat:
     )
 
 
-def _ssr_answers(model, use_draft_probs: bool) -> tuple[np.ndarray, float]:
+def _ssr_answers(model, use_draft_probs: bool, speculate_thinking: bool = False) -> tuple[np.ndarray, np.ndarray, float, float]:
     llm = LLM.from_model(model, None, engine_config=EngineConfig(num_slots=512, max_len=32), thinking_format=_toy_format())
-    spec = SSRConfig(draft_budgets=[1], max_draft_len=6, reuse="prefix+suffix", use_draft_probs=use_draft_probs)
-    answers, accepted = [], 0
+    spec = SSRConfig(draft_budgets=[1], max_draft_len=6, reuse="prefix+suffix", use_draft_probs=use_draft_probs,
+                     speculate_thinking=speculate_thinking)
+    answers, cots, accepted, thinking_verifies = [], [], 0, 0
     batch = 256
     for start in range(0, N, batch):
         seqs = [
@@ -81,8 +82,10 @@ def _ssr_answers(model, use_draft_probs: bool) -> tuple[np.ndarray, float]:
         for s in seqs:
             r = llm.result(s)
             answers.append(r.answer_token_ids[:ANSWER])
+            cots.append(s.output_ids[:COT])
             accepted += r.metrics["accepted_prefix"]
-    return np.array(answers), accepted / N
+            thinking_verifies += r.metrics["thinking_verify_steps"]
+    return np.array(answers), np.array(cots), accepted / N, thinking_verifies / N
 
 
 def _same_distribution(a: np.ndarray, b: np.ndarray) -> float:
@@ -91,10 +94,19 @@ def _same_distribution(a: np.ndarray, b: np.ndarray) -> float:
     return chi2_contingency(table)[1]
 
 
-@pytest.mark.parametrize("use_draft_probs", [False, True], ids=["deterministic", "draft-probs"])
-def test_ssr_sampling_matches_plain_sampling(model, reference_answers, use_draft_probs):
-    ssr, mean_accepted = _ssr_answers(model, use_draft_probs)
+@pytest.mark.parametrize(
+    "use_draft_probs,speculate_thinking", [(False, False), (True, False), (False, True)],
+    ids=["deterministic", "draft-probs", "deterministic+thinking-speculation"],
+)
+def test_ssr_sampling_matches_plain_sampling(model, reference_answers, use_draft_probs, speculate_thinking):
+    reference, reference_cot = reference_answers
+    ssr, cot, mean_accepted, thinking_verifies = _ssr_answers(model, use_draft_probs, speculate_thinking)
     assert mean_accepted > 0.2, "drafts were hardly ever accepted: the test would not exercise verification"
+    if speculate_thinking:
+        assert thinking_verifies > 0.2, "CoT proposals were hardly ever made: thinking speculation not exercised"
     for pos in range(ANSWER):
-        p = _same_distribution(reference_answers[:, pos], ssr[:, pos])
+        p = _same_distribution(reference[:, pos], ssr[:, pos])
         assert p > 0.01, f"answer position {pos}: p={p:.4g}"
+    for pos in range(COT):
+        p = _same_distribution(reference_cot[:, pos], cot[:, pos])
+        assert p > 0.01, f"CoT position {pos}: p={p:.4g}"

@@ -12,7 +12,9 @@ from typing import Any
 from selfspec.policies.speculative import SpeculationConfig
 from selfspec.ssr.config import SSRConfig, SuffixOptions
 
-ENGINE_MODES = ("baseline", "prefix", "suffix", "prefix+suffix", "iterative", "suffix-decoding", "prompt-lookup", "sps", "ssr-off")
+ENGINE_MODES = (
+    "baseline", "prefix", "suffix", "prefix+suffix", "ssr+think", "iterative", "suffix-decoding", "prompt-lookup", "sps", "ssr-off",
+)
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 ALL_MODES = ENGINE_MODES + EXTERNAL_MODES
 LOSSLESS = set(ALL_MODES)  # every mode here must reproduce the baseline's greedy tokens
@@ -55,6 +57,9 @@ def spec_for(mode: str, s: BenchSettings):
         return None
     if mode in ("prefix", "suffix", "prefix+suffix"):
         return SSRConfig(draft_budgets=[s.draft_budget], reuse=mode, **ssr)
+    if mode == "ssr+think":  # prefix+suffix, and the CoT speculated by SuffixDecoding over prompt + output
+        sources = list(dict.fromkeys([*s.suffix_sources, "prompt", "output"]))  # and in the answer, past the draft
+        return SSRConfig(draft_budgets=[s.draft_budget], speculate_thinking=True, **{**ssr, "suffix_sources": sources})
     if mode == "ssr-off":  # drafts made and thrown away: the overhead of drafting alone
         return SSRConfig(draft_budgets=[s.draft_budget], reuse="off", **ssr)
     if mode == "iterative":

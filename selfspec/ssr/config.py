@@ -67,6 +67,11 @@ class SSRConfig(BaseModel):
       `prefix_chunk_max` (and the engine's max_proposal_tokens). An early mismatch then costs
       a short verify; a matching draft still goes through in a few forwards. Where a k-token
       verify costs the same as a decode step (GPU), set both to 64.
+    speculate_thinking: the parent also speculates its chain of thought with SuffixDecoding
+      over its prompt and output (as the suffix-decoding mode does): thinking models copy
+      the task into their CoT and the CoT into the answer, so many CoT tokens come free
+      while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
+      always closed by a plain step and the draft verification starts aligned.
     suffix_backoff / suffix_backoff_max: after a suffix proposal of which nothing is accepted,
       skip the next 1, 2, 4, ... (at most `suffix_backoff_max`) answer steps before proposing
       again; an accepted token resets it. A draft that stopped tracking the answer then costs
@@ -90,6 +95,7 @@ class SSRConfig(BaseModel):
     prefix_chunk_start: int = Field(8, ge=1, le=4096)
     prefix_chunk_max: int = Field(64, ge=1, le=4096)
     suffix_backoff_max: int = Field(16, ge=0, le=4096)
+    speculate_thinking: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "SSRConfig":

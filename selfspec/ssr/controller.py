@@ -69,11 +69,16 @@ class DraftPolicy(SequencePolicy):
         self.owner = owner
         self.draft = draft
         self.proposer: SuffixProposer | None = None
-        usable = [d for d in earlier if d.tokens]
-        if owner.config.speculate_drafts and usable:
+        usable = [d for d in earlier if d.tokens] if owner.config.speculate_drafts else []
+        if owner.config.speculate_thinking:
+            # The draft runs only until the parent ends thinking, and thinking-phase
+            # speculation ends it sooner: the draft is speculated from its own context too
+            # (the answer copies the CoT), so it gets as far in fewer steps.
+            self.proposer = SuffixProposer(owner.config.suffix.to_config(index_context=True))
+        elif usable:
             self.proposer = SuffixProposer(_UNCAPPED)
-            for d in usable:
-                self.proposer.add_source(f"draft:{d.index}", d.source)
+        for d in usable:
+            self.proposer.add_source(f"draft:{d.index}", d.source)
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         if self.proposer is None:
@@ -132,11 +137,21 @@ class SSRPolicy(ThinkingPolicy):
         self._suffix_fail_streak = 0  # consecutive suffix proposals with nothing accepted
         self._suffix_skip = 0  # answer steps left before the next suffix proposal
         self.suffix_skipped_steps = 0
+        # Thinking-phase speculation (config.speculate_thinking): SuffixDecoding over the
+        # request's own prompt + output; never across an end-of-thinking token.
+        self.think_proposer: SuffixProposer | None = None
+        self._end_token_ids: frozenset[int] = frozenset()
+        if config.speculate_thinking and self.thinking:
+            self.think_proposer = SuffixProposer(config.suffix.to_config(index_context=True))
+            variants = fmt.end_variants or (fmt.end_ids,)
+            self._end_token_ids = frozenset(t for variant in variants for t in variant) | frozenset(fmt.close_ids)
+        self.thinking_verify_steps = 0
+        self._thinking_pending = False
 
     # ------------------------------------------------------------------ proposing
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         if self.phase != "answer":
-            return None
+            return self._thinking_proposal(seq, max_tokens)
         room = min(max_tokens, self._room_in_phase())
         if room <= 0:
             return None
@@ -160,6 +175,28 @@ class SSRPolicy(ThinkingPolicy):
                 self._last_len = len(proposal.tokens)
                 return proposal
         return None
+
+    def _thinking_proposal(self, seq: "Sequence", max_tokens: int) -> Proposal | None:
+        """CoT tokens from SuffixDecoding over prompt + output, cut before any token of the
+        end-of-thinking marker: the marker then always arrives in a plain step (or as a
+        verify's own token, with nothing after it), so `on_thinking_closed` sees a context
+        that ends with it."""
+        self._thinking_pending = False
+        if self.think_proposer is None or self.phase != "thinking":
+            return None
+        room = min(max_tokens, self._room_in_phase())
+        if room <= 0:
+            return None
+        proposal = self.think_proposer.propose(seq.token_ids, room)
+        tokens = proposal.tokens
+        for i, token in enumerate(tokens):
+            if token in self._end_token_ids:
+                tokens = tokens[:i]
+                break
+        if not tokens:
+            return None
+        self._thinking_pending = True
+        return Proposal(tokens)  # deterministic: verified as a one-hot draft
 
     def _prefix_proposal(self, room: int) -> Proposal | None:
         """The verified draft's next run, from the cursor (chunked by the engine's cap)."""
@@ -190,6 +227,9 @@ class SSRPolicy(ThinkingPolicy):
 
     # ------------------------------------------------------------------ reacting
     def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
+        if self._thinking_pending:
+            self.thinking_verify_steps += 1
+            self._thinking_pending = False
         if self.phase == "answer":
             self.answer_forwards += 1
             accepted = seq.stats.accepted_tokens - self._acc_before
@@ -345,6 +385,7 @@ class SSRPolicy(ThinkingPolicy):
             "draft_fork_cot": [d.cot_tokens for d in self.drafts],
             "fork_failures": self.fork_failures,
             "suffix_skipped_steps": self.suffix_skipped_steps,
+            "thinking_verify_steps": self.thinking_verify_steps,
             # A bonus token cut by a cap never became an answer token.
             "accepted_prefix": min(
                 self._prefix_matched() if self.stage == "prefix" else self.accepted_prefix, self.metrics.answer_tokens
