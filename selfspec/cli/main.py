@@ -56,6 +56,7 @@ def generate(
     draft_interval: Optional[int] = typer.Option(None, help="Iterative drafting: fork every N CoT tokens."),
     max_draft: int = typer.Option(300, help="Maximum draft length in tokens."),
     reuse: str = typer.Option("prefix+suffix", help="How drafts are used: off | prefix | suffix | prefix+suffix."),
+    speculate_thinking: bool = typer.Option(False, "--speculate-thinking", help="With --ssr: also speculate the CoT and the drafts by suffix decoding over their own context."),
     suffix_decoding: bool = typer.Option(False, "--suffix-decoding", help="Suffix decoding over prompt + output (no SSR)."),
     prompt_lookup: bool = typer.Option(False, "--prompt-lookup", help="n-gram prompt lookup (no SSR)."),
 ) -> None:
@@ -75,7 +76,9 @@ def generate(
         if ssr:
             from selfspec.ssr.config import SSRConfig
 
-            spec = SSRConfig(draft_budgets=list(draft_budget) or [100], draft_interval=draft_interval, max_draft_len=max_draft, reuse=reuse)
+            sources = ["draft", "prompt", "output"] if speculate_thinking else ["draft"]
+            spec = SSRConfig(draft_budgets=list(draft_budget) or [100], draft_interval=draft_interval, max_draft_len=max_draft,
+                             reuse=reuse, speculate_thinking=speculate_thinking, suffix_sources=sources)
             think = True
         elif suffix_decoding or prompt_lookup:
             from selfspec.policies.speculative import SpeculationConfig
@@ -113,7 +116,8 @@ def generate(
         summary += f", CoT {result.metrics['cot_tokens']} tokens, answer {result.metrics['answer_tokens']} tokens"
     err.print(f"[dim]{summary}[/]")
     if spec is not None:
-        keys = ("drafts", "draft_tokens", "accepted_prefix", "suffix_accepted_tokens", "accepted_tokens", "proposed_tokens", "mean_acceptance_length")
+        keys = ("drafts", "draft_tokens", "accepted_prefix", "suffix_accepted_tokens", "thinking_verify_steps", "accepted_tokens",
+                "proposed_tokens", "mean_acceptance_length")
         err.print("[dim]" + ", ".join(f"{k}={result.metrics[k]:.2f}" if isinstance(result.metrics.get(k), float) else f"{k}={result.metrics.get(k)}" for k in keys if k in result.metrics) + "[/]")
 
 
@@ -135,7 +139,8 @@ def demo(
         return
     generate(prompt=prompt or "Write is_prime(n) in Python.", model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
              think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True, ssr=False,
-             draft_budget=[], draft_interval=None, max_draft=300, reuse="prefix+suffix", suffix_decoding=False, prompt_lookup=False)
+             draft_budget=[], draft_interval=None, max_draft=300, reuse="prefix+suffix", speculate_thinking=False,
+             suffix_decoding=False, prompt_lookup=False)
 
 
 def _register_subcommands() -> None:
