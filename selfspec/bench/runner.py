@@ -8,7 +8,6 @@ finish, so a run killed by a time limit resumes where it stopped (`--resume`).
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import time

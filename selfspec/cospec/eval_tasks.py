@@ -95,63 +95,35 @@ def _thinker_task(name: str, n: int, seed: int) -> EvalTask:
     )
 
 
-def gsm8k_scorer() -> Scorer:
-    """GSM8K's exact numeric answer as an `EvalTask.score`."""
-    from selfspec.bench.scoring.gsm8k import score_gsm8k
+def bench_scorer() -> Scorer:
+    """The benchmark's own checker (`selfspec.bench.scoring.score`, dispatched by each
+    sample's benchmark: GSM8K's exact answer, HumanEval's tests in a subprocess) as an
+    `EvalTask.score`."""
+    from selfspec.bench.scoring import score as score_sample
 
     def score(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
-        results = [score_gsm8k(sample, answer) for sample, answer in zip(references, answers)]
+        results = [score_sample(sample, answer) for sample, answer in zip(references, answers)]
         return [(r.passed, float(r.score)) for r in results]
 
     return score
 
 
-def _gsm8k_task(n: int, seed: int, path: str | None, exclude_ids: Sequence[str] = ()) -> EvalTask:
-    from selfspec.bench.datasets.gsm8k import load_gsm8k
-
-    samples = load_gsm8k(path=path)
+def _dataset_task(name: str, samples: Sequence[Any], n: int, seed: int, exclude_ids: Sequence[str] = ()) -> EvalTask:
+    """`n` of a benchmark's samples picked by `seed`, none of `exclude_ids`."""
     excluded = set(exclude_ids)
     # The pool is a list of indices (the same pick as over range() when nothing is excluded).
     pool = [i for i, sample in enumerate(samples) if sample.id not in excluded]
     if n > len(pool):
         raise ValueError(
-            f"--n {n} exceeds the {len(pool)} GSM8K test problems left"
+            f"--n {n} exceeds the {len(pool)} {name} problems left"
             + (f" after the {len(samples) - len(pool)} an arbitrator trained on" if excluded else "")
         )
-    picked = sorted(stable_rng("cospec-eval", GSM8K, seed).sample(pool, n))
-
+    picked = sorted(stable_rng("cospec-eval", name, seed).sample(pool, n))
     return EvalTask(
-        name=GSM8K,
+        name=name,
         items=[EvalItem(samples[i].id, samples[i].messages, samples[i]) for i in picked],
         thinking=None,  # the model's own default (smollm2-thinker thinks)
-        score=gsm8k_scorer(),
-    )
-
-
-def humaneval_scorer() -> Scorer:
-    """HumanEval's tests, run in a subprocess with a timeout, as an `EvalTask.score`."""
-    from selfspec.bench.scoring.humaneval import score_humaneval
-
-    def score(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
-        results = [score_humaneval(sample, answer) for sample, answer in zip(references, answers)]
-        return [(r.passed, float(r.score)) for r in results]
-
-    return score
-
-
-def _humaneval_task(n: int, seed: int, path: str | None) -> EvalTask:
-    """`n` HumanEval problems picked by `seed` (nothing here trains on HumanEval)."""
-    from selfspec.bench.datasets.humaneval import load_humaneval
-
-    samples = load_humaneval(path=path)
-    if n > len(samples):
-        raise ValueError(f"--n {n} exceeds the {len(samples)} HumanEval problems")
-    picked = sorted(stable_rng("cospec-eval", HUMANEVAL, seed).sample(range(len(samples)), n))
-    return EvalTask(
-        name=HUMANEVAL,
-        items=[EvalItem(samples[i].id, samples[i].messages, samples[i]) for i in picked],
-        thinking=None,  # the model's own default
-        score=humaneval_scorer(),
+        score=bench_scorer(),
     )
 
 
@@ -168,9 +140,13 @@ def build_task(
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if name == GSM8K:
-        return _gsm8k_task(n, seed, gsm8k_path, exclude_gsm8k_ids)
+        from selfspec.bench.datasets.gsm8k import load_gsm8k
+
+        return _dataset_task(GSM8K, load_gsm8k(path=gsm8k_path), n, seed, exclude_gsm8k_ids)
     if name == HUMANEVAL:
-        return _humaneval_task(n, seed, humaneval_path)
+        from selfspec.bench.datasets.humaneval import load_humaneval
+
+        return _dataset_task(HUMANEVAL, load_humaneval(path=humaneval_path), n, seed)  # nothing trains on HumanEval
     if name not in thinker_families():
         raise ValueError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
     return _thinker_task(name, n, seed)
@@ -183,8 +159,7 @@ __all__ = [
     "EvalTask",
     "build_task",
     "check_heldout_seed",
-    "gsm8k_scorer",
-    "humaneval_scorer",
+    "bench_scorer",
     "known_tasks",
     "parse_tasks",
 ]

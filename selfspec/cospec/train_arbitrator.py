@@ -74,7 +74,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from selfspec.cospec.arbitrator import ArbitrationState, Arbitrator
-from selfspec.cospec.eval_tasks import GSM8K, EvalItem, EvalTask, gsm8k_scorer, known_tasks
+from selfspec.cospec.eval_tasks import GSM8K, EvalItem, EvalTask, bench_scorer, known_tasks
 from selfspec.cospec.policy import CoSpecConfig, Decision
 from selfspec.cospec.training import (
     PPOSettings,
@@ -209,7 +209,7 @@ def training_tasks(config: TrainConfig) -> list[EvalTask]:
             by_id = {s.id: s for s in load_gsm8k(path=config.gsm8k_path)}
             picked = [by_id[i] for i in gsm8k_training_ids(config.n, config.gsm8k_path)]
             items = [EvalItem(s.id, s.messages, s) for s in picked]
-            tasks.append(EvalTask(GSM8K, items, thinking=None, score=gsm8k_scorer()))
+            tasks.append(EvalTask(GSM8K, items, thinking=None, score=bench_scorer()))
             continue
         knobs = {name: dict(DEFAULT_TASK_KNOBS.get(name, {}))}  # as the eval's items (thinker-data-v1)
         generated = generate_split([name], config.data_seed, config.n, knobs=knobs, start=config.item_start)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -192,50 +193,23 @@ class ModelRunner:
         A replay costs about the same for a few or a few hundred tokens, so decode rows
         share one. But one 64-token verify chunk among 15 decode rows would pad them all to
         64 (1,024 tokens): compute-bound (measured on the H200: ~22 ms per step in fp32
-        instead of ~4). Longest first, a row joins the current group while the padded
-        tokens (batch bucket x token bucket) minus the real ones stay within the budget;
-        otherwise it starts the next group (one more replay, ~one decode step).
+        instead of ~4). A row joins the current group while the padded tokens (batch bucket
+        x token bucket) minus the real ones stay within the budget; otherwise it starts the
+        next group (one more replay, ~one decode step).
         """
         assert self.static is not None
         buckets = self.static.buckets
         max_b = max(buckets.batch)
-        order = sorted(indices, key=lambda i: len(chunks[i].token_ids), reverse=True)
-        groups: list[list[int]] = []
-        current: list[int] = []
-        width = real = 0
-        for i in order:
-            n = len(chunks[i].token_ids)
-            if current:
-                rows = buckets.batch_bucket(len(current) + 1)
-                waste = (rows or max_b + 1) * width - (real + n)
-                if len(current) == max_b or waste > self.static_padding_budget:
-                    groups.append(current)
-                    current, real = [], 0
-            if not current:
-                width = buckets.token_bucket(n) or n
-            current.append(i)
-            real += n
-        if current:
-            groups.append(current)
-        return groups
+
+        def full(rows: int, width: int, real: int, n: int) -> bool:
+            padded_rows = buckets.batch_bucket(rows + 1) or max_b + 1
+            return rows == max_b or padded_rows * width - (real + n) > self.static_padding_budget
+
+        return _greedy_groups(chunks, indices, full, lambda n: buckets.token_bucket(n) or n)
 
     def _group_by_padding(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
-        order = sorted(indices, key=lambda i: len(chunks[i].token_ids), reverse=True)
-        groups: list[list[int]] = []
-        current: list[int] = []
-        width = real = 0
-        for i in order:
-            n = len(chunks[i].token_ids)
-            if current and (len(current) + 1) * width > self.max_padding_ratio * (real + n):
-                groups.append(current)
-                current, real = [], 0
-            if not current:
-                width = n
-            current.append(i)
-            real += n
-        if current:
-            groups.append(current)
-        return groups
+        ratio = self.max_padding_ratio
+        return _greedy_groups(chunks, indices, lambda rows, width, real, n: (rows + 1) * width > ratio * (real + n), lambda n: n)
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         device = self.device
@@ -281,3 +255,29 @@ class ModelRunner:
             self.cache.end_step()
         return out.logits
 
+
+def _greedy_groups(
+    chunks: list[Chunk],
+    indices: list[int],
+    full: Callable[[int, int, int, int], bool],
+    width_of: Callable[[int], int],
+) -> list[list[int]]:
+    """Longest chunk first; a chunk joins the current group unless `full(rows, width, real
+    tokens, its length)` says the group should close (the width is `width_of` the group's
+    longest chunk)."""
+    order = sorted(indices, key=lambda i: len(chunks[i].token_ids), reverse=True)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    width = real = 0
+    for i in order:
+        n = len(chunks[i].token_ids)
+        if current and full(len(current), width, real, n):
+            groups.append(current)
+            current, real = [], 0
+        if not current:
+            width = width_of(n)
+        current.append(i)
+        real += n
+    if current:
+        groups.append(current)
+    return groups

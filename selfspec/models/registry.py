@@ -98,6 +98,9 @@ class ModelEntry:
     # Tokens that also end the assistant's turn for this model (its EOS stays one too). A
     # ChatML model that opens a new turn (`<|im_start|>`) inside its answer has ended it.
     end_of_turn_tokens: tuple[str, ...] = ()
+    # An adapter's training data version (its manifest's `data_version`): evaluations
+    # default to items of the same kind.
+    data_version: str | None = None
 
     def __post_init__(self) -> None:
         has_adapter = self.base is not None and self.adapter_dir is not None
@@ -222,6 +225,7 @@ def adapter_entry(adapter_dir: Path, name: str | None = None) -> ModelEntry:
         thinking_start=data.get("thinking_start"),
         thinking_end=data.get("thinking_end"),
         end_of_turn_tokens=tuple(data.get("end_of_turn_tokens", ())),
+        data_version=data["data_version"] if isinstance(data.get("data_version"), str) else None,
     )
 
 
@@ -251,13 +255,9 @@ def get_model_entry(name: str) -> ModelEntry | None:
 
 
 def adapter_data_version(name: str) -> str | None:
-    """The thinker data version an adapter was trained on (its manifest's `data_version`),
-    so that evaluations default to items of the same kind; None for other models."""
+    """The thinker data version an adapter was trained on; None for other models."""
     entry = get_model_entry(name)
-    if entry is None or entry.adapter_dir is None or not (entry.adapter_dir / ADAPTER_MANIFEST).is_file():
-        return None
-    value = json.loads((entry.adapter_dir / ADAPTER_MANIFEST).read_text()).get("data_version")
-    return value if isinstance(value, str) else None
+    return entry.data_version if entry is not None else None
 
 
 def model_entries() -> list[ModelEntry]:

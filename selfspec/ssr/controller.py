@@ -113,7 +113,10 @@ class SSRPolicy(ThinkingPolicy):
         global_history: GlobalSuffixHistory | None = None,
     ) -> None:
         history = global_history if "global" in config.suffix_sources else None
-        super().__init__(fmt, limits, thinking=thinking, history=history)
+        # Thinking-phase speculation (config.speculate_thinking) is the base policy's own
+        # proposer (SuffixDecoding over prompt + output), used here in the thinking phase only.
+        think_proposer = SuffixProposer(config.suffix.to_config(index_context=True)) if config.speculate_thinking else None
+        super().__init__(fmt, limits, thinking=thinking, proposer=think_proposer, history=history)
         self.config = config
         self.budgets = config.budgets_up_to(self.limits.cot_cap) if self.thinking else []
         self.drafts: list[Draft] = []
@@ -137,12 +140,9 @@ class SSRPolicy(ThinkingPolicy):
         self._suffix_fail_streak = 0  # consecutive suffix proposals with nothing accepted
         self._suffix_skip = 0  # answer steps left before the next suffix proposal
         self.suffix_skipped_steps = 0
-        # Thinking-phase speculation (config.speculate_thinking): SuffixDecoding over the
-        # request's own prompt + output; never across an end-of-thinking token.
-        self.think_proposer: SuffixProposer | None = None
+        # CoT proposals never cross an end-of-thinking token (see _thinking_proposal).
         self._end_token_ids: frozenset[int] = frozenset()
-        if config.speculate_thinking and self.thinking:
-            self.think_proposer = SuffixProposer(config.suffix.to_config(index_context=True))
+        if self.proposer is not None and self.thinking:
             variants = fmt.end_variants or (fmt.end_ids,)
             self._end_token_ids = frozenset(t for variant in variants for t in variant) | frozenset(fmt.close_ids)
         self.thinking_verify_steps = 0
@@ -151,7 +151,7 @@ class SSRPolicy(ThinkingPolicy):
     # ------------------------------------------------------------------ proposing
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         if self.phase != "answer":
-            return self._thinking_proposal(seq, max_tokens)
+            return self._thinking_proposal(engine, seq, max_tokens)
         room = min(max_tokens, self._room_in_phase())
         if room <= 0:
             return None
@@ -176,18 +176,15 @@ class SSRPolicy(ThinkingPolicy):
                 return proposal
         return None
 
-    def _thinking_proposal(self, seq: "Sequence", max_tokens: int) -> Proposal | None:
+    def _thinking_proposal(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         """CoT tokens from SuffixDecoding over prompt + output, cut before any token of the
         end-of-thinking marker: the marker then always arrives in a plain step (or as a
         verify's own token, with nothing after it), so `on_thinking_closed` sees a context
         that ends with it."""
         self._thinking_pending = False
-        if self.think_proposer is None or self.phase != "thinking":
+        proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
+        if proposal is None:
             return None
-        room = min(max_tokens, self._room_in_phase())
-        if room <= 0:
-            return None
-        proposal = self.think_proposer.propose(seq.token_ids, room)
         tokens = proposal.tokens
         for i, token in enumerate(tokens):
             if token in self._end_token_ids:
