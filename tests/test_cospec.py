@@ -242,7 +242,9 @@ def test_arbitrated_verification_rule(probability, threshold, max_arbitrations, 
     assert (result.num_accepted, result.next_token) == expected
     first = arbitrator.calls[0]
     assert first.prefix == (1, 2, 3, 4) and first.draft_block == (5, 6, 7) and first.target_block == (8, 6, 9, 11)
-    assert policy.report() == {
+    report = policy.report()
+    assert report.pop("arbitration_s") >= 0.0  # wall time in the arbitrator, in every speed figure
+    assert report == {
         "lossy": True, "cospec_threshold": threshold, "arbitrations": len(arbitrator.calls), "kept_draft_tokens": kept,
     }
 
@@ -334,3 +336,44 @@ def test_toy_sft_then_ppo_is_deterministic_and_learns(llm):
     again = _toy_run(llm, seed=0)
     assert again[2:4] == (bce_before, bce_after)
     assert torch.equal(again[5], rl_probs)
+
+
+# ------------------------------------------------------------------ graph buckets
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_bucket_padded_forward_matches_the_unpadded_one(tok, family):
+    """The CUDA-graph path pads a state to a width bucket; its logit must be the eager one.
+
+    Run here without capture (CPU): the same static buffers and body the GPU replays.
+    """
+    from selfspec.cospec.arbitrator_graphs import ArbitratorGraphs
+
+    target = tiny_model(family, len(tok), seed=5, num_layers=3, eos_token_id=tok.eos_token_id, sliding_window=4)
+    pair = LLM.from_model(target, tok, engine_config=EngineConfig(num_slots=1, max_len=128), draft="layers:2")
+    arbitrator = _trained_copy(pair)
+    graphs = ArbitratorGraphs(arbitrator, capture=False, buckets=(16, 32, 64))
+    states = [
+        ArbitrationState(prefix=tuple(range(10, 15)), draft_block=(20, 21, 22), target_block=(30, 31, 32, 33)),
+        ArbitrationState(prefix=tuple(range(5, 45)), draft_block=(7,), target_block=(8, 9)),
+    ]
+    for state in states:
+        eager = arbitrator.keep_logits([state])
+        padded = graphs.keep_logits(state)
+        torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
+    assert graphs.keep_logits(ArbitrationState(prefix=tuple(range(70)), draft_block=(1,), target_block=(2,))) is None
+    assert sorted(graphs.captured) == [16, 32, 64]  # every bucket up to the widest used, built once
+    assert graphs.stats()["replays"] == 2
+
+
+def test_graphs_are_not_copied_with_the_arbitrator(llm):
+    """RL deep-copies the arbitrator as its frozen reference: graph state must stay behind."""
+    import copy
+
+    from selfspec.cospec.arbitrator_graphs import _GRAPHS, graphs_for
+
+    arbitrator = _trained_copy(llm)
+    graphs = graphs_for(arbitrator)
+    reference = copy.deepcopy(arbitrator)
+    assert graphs_for(reference) is not graphs
+    assert _GRAPHS[arbitrator] is graphs

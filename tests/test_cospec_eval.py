@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -187,3 +188,50 @@ def test_cli_report_merges_runs_split_by_task(tmp_path):
     bad = CliRunner().invoke(app, ["cospec", "report", str(tmp_path / "a" / "results.jsonl"), str(other / "results.jsonl"),
                                    "--out", str(tmp_path / "bad")])
     assert bad.exit_code != 0 and "differs" in bad.output
+
+
+def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, monkeypatch):
+    """A run killed mid-task keeps its finished runs; the re-run skips them and gives the same rows."""
+    import selfspec.cospec.evaluate as evaluate
+
+    config = CoSpecEvalConfig(
+        tasks=("arithmetic_search", "class_synthesis"), n=2, thresholds=(0.0,), k=4, max_tokens=16,
+        counterfactual_states=1, warmup=False,
+    )
+    journal = tmp_path / "partial.jsonl"
+    full = run_cospec_eval(llm, config, arbitrator, progress=False)
+
+    real_run, calls = evaluate._run, []
+
+    def dying_run(*args, **kwargs):
+        if len(calls) == 7:  # the first task's 6 timed runs are journalled, one counterfactual probe ran
+            raise KeyboardInterrupt
+        calls.append(args[3].label)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "_run", dying_run)
+    with pytest.raises(KeyboardInterrupt):
+        run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
+    kinds = [line["kind"] for line in _lines(journal)]
+    assert kinds[0] == "journal" and kinds.count("task_done") == 0  # killed during the counterfactual probe
+    assert kinds.count("run") == 6  # 2 items x 3 modes of the first task
+    monkeypatch.setattr(evaluate, "_run", real_run)
+    counted = []
+    monkeypatch.setattr(evaluate, "_run", lambda *a, **k: counted.append(a[3].label) or real_run(*a, **k))
+    resumed = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
+    # Only the probes and the second task ran again; the first task's timed runs came from disk.
+    assert counted.count("target") == 2 and counted.count("sps") == 2 and len(counted) == 2 + 6 + 2
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("latency_s", "arbitration_s")} for r in rows]
+    assert [r["token_ids_hash"] for r in resumed.items] == [r["token_ids_hash"] for r in full.items]
+    assert [(r["passed"], r["score"]) for r in resumed.items] == [(r["passed"], r["score"]) for r in full.items]
+    assert len(strip(resumed.summaries)) == len(full.summaries)
+    again = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
+    assert [r["token_ids_hash"] for r in again.items] == [r["token_ids_hash"] for r in full.items]
+    with pytest.raises(ValueError, match="another config"):
+        run_cospec_eval(llm, CoSpecEvalConfig(tasks=("arithmetic_search",), n=1, warmup=False), arbitrator,
+                        progress=False, journal_path=journal)
+    retrained = copy.deepcopy(arbitrator)  # same config, other weights (e.g. after more RL)
+    with torch.no_grad():
+        retrained.head.bias.add_(0.1)
+    with pytest.raises(ValueError, match="arbitrator"):
+        run_cospec_eval(llm, config, retrained, progress=False, journal_path=journal)

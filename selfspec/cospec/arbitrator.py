@@ -116,11 +116,17 @@ class ArbitratorBatch:
     decision_index: torch.Tensor  # [B]
 
 
-def build_batch(states: Sequence[ArbitrationState], device: torch.device | str = "cpu") -> ArbitratorBatch:
-    """Stack states; padding keys are invisible and padding queries see only themselves."""
+def build_batch(states: Sequence[ArbitrationState], device: torch.device | str = "cpu", *, width: int | None = None) -> ArbitratorBatch:
+    """Stack states; padding keys are invisible and padding queries see only themselves.
+
+    `width` pads further (CUDA-graph buckets, `arbitrator_graphs`); it must fit every state.
+    """
     if not states:
         raise ValueError("no states to batch")
-    width = max(s.length for s in states)
+    longest = max(s.length for s in states)
+    if width is not None and width < longest:
+        raise ValueError(f"width {width} is shorter than the longest state ({longest})")
+    width = width or longest
     batch = len(states)
     input_ids = torch.zeros((batch, width), dtype=torch.long)
     position_ids = torch.zeros((batch, width), dtype=torch.long)
@@ -147,6 +153,8 @@ class Arbitrator(torch.nn.Module):
         self.lora_settings = LoraSettings()
         # What a checkpoint recorded about the draft/target (see `cospec.checkpoint`).
         self.identity: dict = {}
+        # Single-state inference on a GPU through CUDA graphs (`arbitrator_graphs`).
+        self.use_cuda_graphs = True
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         layer_types = getattr(text, "layer_types", None) or []
         window = getattr(text, "sliding_window", None)
@@ -218,8 +226,18 @@ class Arbitrator(torch.nn.Module):
 
     @torch.inference_mode()
     def keep_logits(self, states: Sequence[ArbitrationState]) -> torch.Tensor:
-        """Keep-draft logits [B] float32 on the arbitrator's device (sampled RL decisions use these)."""
+        """Keep-draft logits [B] float32 on the arbitrator's device (sampled RL decisions use these).
+
+        One state in eval mode on a GPU replays a captured graph (`arbitrator_graphs`): the
+        policy asks at nearly every verification round, and eagerly the forward is launch-bound.
+        """
         device = self.head.weight.device
+        if len(states) == 1 and device.type == "cuda" and self.use_cuda_graphs and not self.training:
+            from selfspec.cospec.arbitrator_graphs import graphs_for
+
+            logits = graphs_for(self).keep_logits(states[0])
+            if logits is not None:
+                return logits
         return self(build_batch(states, device))
 
     @torch.inference_mode()

@@ -118,7 +118,10 @@ def eval_command(
         "command": _command_line(ctx),
     }
     try:
-        results = run_cospec_eval(llm, config, arb, progress=progress, meta=meta, log=lambda m: typer.echo(m, err=True))
+        results = run_cospec_eval(
+            llm, config, arb, progress=progress, meta=meta, log=lambda m: typer.echo(m, err=True),
+            journal_path=out / "partial.jsonl",
+        )
     except (ValueError, FileNotFoundError) as exc:
         fail(str(exc))
     paths = write_outputs(results, out)

@@ -31,9 +31,11 @@ also reported on the decisive ones only.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from selfspec.cospec.eval_tasks import EvalItem, EvalTask, build_task, check_heldout_seed
@@ -174,18 +176,60 @@ def _run(ctx: _Ctx, task: EvalTask, item: EvalItem, mode: Mode, recorder: Callab
         "verify_steps": int(m.get("verify_steps", 0)),
         "kept_draft_tokens": int(m.get("kept_draft_tokens", 0)),
         "arbitrations": int(m.get("arbitrations", 0)),
+        "arbitration_s": round(float(m.get("arbitration_s", 0.0)), 4),
         "finish": f"{out.finish_reason}:{out.finish_detail}",
         "thinking": out.reasoning_text is not None,
     }
     return record, out
 
 
-def _score_runs(ctx: _Ctx, task: EvalTask, runs: list[tuple[EvalItem, dict[str, Any], Any]]) -> None:
-    """Score every run's answer in one batch (one checker subprocess per family)."""
-    texts = [answer_text(ctx.llm, out.token_ids, record["thinking"]) for _, record, out in runs]
-    verdicts = task.score([item.reference for item, _, _ in runs], texts)
-    for (_, record, _), text, (passed, score) in zip(runs, texts, verdicts):
+def _score_runs(task: EvalTask, runs: list[tuple[EvalItem, dict[str, Any], str]]) -> None:
+    """Score every run's answer text in one batch (one checker subprocess per family)."""
+    verdicts = task.score([item.reference for item, _, _ in runs], [text for _, _, text in runs])
+    for (_, record, text), (passed, score) in zip(runs, verdicts):
         record.update(passed=bool(passed), score=round(float(score), 4), answer_excerpt=text[:200])
+
+
+class _Journal:
+    """The eval's append-only progress file (`partial.jsonl` beside the results).
+
+    Why: a device session can end in the middle of an eval; every finished run (with its
+    full answer text, so it can be scored later) and every finished task is on disk, and a
+    re-run with the same config resumes there instead of starting over.
+    """
+
+    def __init__(self, path: Path | None, identity: dict[str, Any]) -> None:
+        self.path = path
+        identity = json.loads(json.dumps(identity))  # as it reads back (tuples become lists)
+        self.runs: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.tasks: dict[str, dict[str, Any]] = {}
+        if path is None:
+            return
+        if path.exists():
+            lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if lines and lines[0].get("identity") != identity:
+                raise ValueError(
+                    f"{path} was written by an eval with another config, model or arbitrator; remove it or use another --out"
+                )
+            for line in lines[1:]:
+                if line["kind"] == "run":
+                    self.runs[(line["task"], line["uid"], line["label"])] = line
+                elif line["kind"] == "task_done":
+                    self.tasks[line["task"]] = line
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._append({"kind": "journal", "identity": identity})
+
+    def _append(self, line: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(line) + "\n")
+
+    def run_done(self, record: dict[str, Any], answer: str) -> None:
+        self._append({**record, "kind": "run", "answer": answer})
+
+    def task_done(self, task: str, **parts: Any) -> None:
+        self._append({"kind": "task_done", "task": task, **parts})
 
 
 def _warmup(ctx: _Ctx, task: EvalTask, modes: Sequence[Mode]) -> None:
@@ -246,6 +290,21 @@ def summarize(records: Sequence[dict[str, Any]], modes: Sequence[Mode], task: st
 
 def _mean(values: Sequence[float]) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
+
+
+def _fingerprint(arbitrator: Any) -> str | None:
+    """A hash of the arbitrator's trained weights: a journal from another checkpoint at the
+    same path (e.g. after more RL) must not be resumed."""
+    if arbitrator is None:
+        return None
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(arbitrator.named_parameters()):
+        if param.requires_grad or name.startswith("head"):
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _token_hash(ids: Sequence[int]) -> str:
@@ -390,8 +449,14 @@ def run_cospec_eval(
     progress: bool = True,
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = lambda message: None,
+    journal_path: str | Path | None = None,
 ) -> CoSpecEvalResults:
-    """Run every task through every mode (module doc); `llm` must have a draft attached."""
+    """Run every task through every mode (module doc); `llm` must have a draft attached.
+
+    `journal_path`: an append-only progress file; an interrupted eval re-run with the same
+    config and file skips the runs and tasks it finished (`_Journal`).
+    """
+    journal_path = Path(journal_path) if journal_path is not None else None
     from tqdm import tqdm
 
     if getattr(llm, "draft_runner", None) is None:
@@ -423,30 +488,63 @@ def run_cospec_eval(
         config=config.describe(),
         meta={**defaults, **(meta or {}), "modes": [m.label for m in modes], "with_arbitrator": arbitrator is not None},
     )
+    identity = {
+        "config": results.config,
+        "model": results.meta.get("model"),
+        "draft": results.meta.get("draft"),
+        "dtype": results.meta.get("dtype"),
+        "arbitrator": _fingerprint(arbitrator),
+    }
+    journal = _Journal(journal_path, identity)
     try:
-        if config.warmup:
+        if config.warmup and any(task.name not in journal.tasks for task in tasks):
             _warmup(ctx, tasks[0], modes)
         for task in tasks:
+            done = journal.tasks.get(task.name)
+            if done is not None:  # finished by an earlier, interrupted invocation
+                log(f"{task.name}: finished earlier ({journal_path})")
+                results.items += done["items"]
+                results.summaries += done["summaries"]
+                results.counterfactual_states += done["counterfactual_states"]
+                results.counterfactual_summaries += done["counterfactual_summaries"]
+                bar.update(len(task.items) * len(modes) + (len(task.items) + states if states else 0))
+                continue
             log(f"{task.name}: {len(task.items)} items x {len(modes)} modes")
-            runs: list[tuple[EvalItem, dict[str, Any], Any]] = []
+            runs: list[tuple[EvalItem, dict[str, Any], str]] = []
             for item in task.items:
                 for mode in modes:
                     bar.set_postfix_str(f"{task.name} {mode.label}", refresh=False)
-                    record, out = _run(ctx, task, item, mode)
-                    record["token_ids_hash"] = _token_hash(out.token_ids)
-                    runs.append((item, record, out))
+                    earlier = journal.runs.get((task.name, item.uid, mode.label))
+                    if earlier is not None:
+                        answer = earlier.pop("answer")
+                        record = {**earlier, "kind": "item"}
+                    else:
+                        record, out = _run(ctx, task, item, mode)
+                        record["token_ids_hash"] = _token_hash(out.token_ids)
+                        answer = answer_text(ctx.llm, out.token_ids, record["thinking"])
+                        journal.run_done(record, answer)
+                        log(
+                            f"  {task.name} {item.uid} {mode.label}: {record['latency_s']:.2f} s, "
+                            f"{record['output_tokens']} tokens, {record['forwards']} target forwards, "
+                            f"{record['arbitrations']} arbitrations ({record['arbitration_s']:.2f} s)"
+                        )
+                    runs.append((item, record, answer))
                     bar.update(1)
-            _score_runs(ctx, task, runs)
+            _score_runs(task, runs)
             records = [record for _, record, _ in runs]
             target_hash = {r["uid"]: r["token_ids_hash"] for r in records if r["mode"] == "target"}
             for r in records:
                 r["same_as_target"] = r["token_ids_hash"] == target_hash.get(r["uid"])
-            results.items += records
-            results.summaries += summarize(records, modes, task.name)
+            summaries = summarize(records, modes, task.name)
             thinking_by_uid = {r["uid"]: r["thinking"] for r in records if r["mode"] == "target"}
-            states, rows = counterfactual(ctx, task, thinking_by_uid)
-            results.counterfactual_states += states
-            results.counterfactual_summaries += rows
+            cf_states, cf_rows = counterfactual(ctx, task, thinking_by_uid)
+            journal.task_done(
+                task.name, items=records, summaries=summaries, counterfactual_states=cf_states, counterfactual_summaries=cf_rows
+            )
+            results.items += records
+            results.summaries += summaries
+            results.counterfactual_states += cf_states
+            results.counterfactual_summaries += cf_rows
     finally:
         bar.close()
     return results

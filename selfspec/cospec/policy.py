@@ -27,6 +27,7 @@ target's log-probability of the draft token at the mismatch (for reward shaping)
 from __future__ import annotations
 
 import math
+import time
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -140,6 +141,7 @@ class CoSpecPolicy(ThinkingPolicy):
         self.rng = random.Random(sample_seed) if sample_seed is not None else None
         self.arbitrations = 0
         self.kept_draft_tokens = 0
+        self.arbitration_seconds = 0.0
 
     def verify(
         self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
@@ -166,6 +168,7 @@ class CoSpecPolicy(ThinkingPolicy):
         )
         self.arbitrations += 1
         probability = logit = target_logprob = None
+        started = time.perf_counter()
         if self.rng is not None:  # RL rollout: keep ~ Bernoulli(π)
             logit = float(self.arbitrator.keep_logits([state])[0])
             probability = 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
@@ -176,6 +179,7 @@ class CoSpecPolicy(ThinkingPolicy):
             # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
             # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
             kept = probability is not None and self.threshold < 1.0 and probability >= self.threshold
+        self.arbitration_seconds += time.perf_counter() - started  # float() above synced the device
         self.kept_draft_tokens += kept
         if self.recorder is not None:
             if self.rng is not None and logits is not None:
@@ -200,4 +204,5 @@ class CoSpecPolicy(ThinkingPolicy):
             "cospec_threshold": self.threshold,
             "arbitrations": self.arbitrations,
             "kept_draft_tokens": self.kept_draft_tokens,
+            "arbitration_s": self.arbitration_seconds,
         }
