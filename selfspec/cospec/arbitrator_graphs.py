@@ -69,9 +69,7 @@ class ArbitratorGraphs:
             return None
         entry = self.captured.get(width)
         if entry is None:
-            for b in self.buckets:  # every bucket up to this one, once
-                if b <= width and b not in self.captured:
-                    self.captured[b] = self._build(b)
+            self.prepare(width)
             entry = self.captured[width]
         padded = build_batch([state], "cpu", width=width)
         for static, value in zip(
@@ -85,6 +83,14 @@ class ArbitratorGraphs:
             self._body(entry)
         self.replays += 1
         return entry.logits.clone()
+
+    def prepare(self, max_width: int) -> None:
+        """Build (capture) every bucket a state of up to `max_width` tokens can need, now:
+        the policy calls this when it is built, so no capture lands inside a timed run."""
+        top = self.bucket(max_width) or self.buckets[-1]
+        for b in self.buckets:
+            if b <= top and b not in self.captured:
+                self.captured[b] = self._build(b)
 
     def _build(self, width: int) -> _Captured:
         empty = ArbitrationState(prefix=(0,) * max(width - 3, 0), draft_block=(0,), target_block=(0,))
