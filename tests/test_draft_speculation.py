@@ -45,12 +45,20 @@ def test_sps_greedy_is_token_identical(tok, draft_kind):
     llm = LLM.from_model(target, tok, engine_config=EngineConfig(num_slots=8, max_len=256), draft=draft)
     limits = ThinkingLimits(cot_cap=30, answer_cap=25, fixed_length=True)
     params = SamplingParams(max_tokens=100)
+    spec = SpeculationConfig(method="draft", num_speculative_tokens=4)
     base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
-    out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
+    before = llm.draft_runner.forwards
+    out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=spec)
+    batched_forwards = llm.draft_runner.forwards - before
     for o, b in zip(out, base):
         assert o.token_ids == b.token_ids
         assert o.metrics["proposed_tokens"] > 0
     assert llm.draft_runner.slots.num_used == 0, "draft slots leaked"
+    # The sequences draft together: one draft forward per draft step for the whole batch.
+    before = llm.draft_runner.forwards
+    alone = [llm.generate([p], params, limits=limits, thinking=True, spec=spec)[0] for p in PROMPTS]
+    assert [a.token_ids for a in alone] == [b.token_ids for b in base]
+    assert batched_forwards < (llm.draft_runner.forwards - before) / 2
     if draft_kind == "shallow":
         assert sum(o.metrics["accepted_tokens"] for o in out) > 0
 

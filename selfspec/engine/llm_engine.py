@@ -280,6 +280,7 @@ class Engine:
             return []
         chunks: list[Chunk] = []
         work: list[tuple[Sequence, int, Proposal | None]] = []
+        grouped = self._grouped_proposals([seq for seq, take in plan if take >= len(seq.token_ids) - seq.num_cached])
         for seq, take in plan:
             pending = len(seq.token_ids) - seq.num_cached
             if take < pending:
@@ -287,7 +288,7 @@ class Engine:
                 chunks.append(Chunk(seq.slot, seq.num_cached, chunk, 0))
                 work.append((seq, take, None))
                 continue
-            proposal = self._proposal_for(seq)
+            proposal = grouped.pop(seq.seq_id) if seq.seq_id in grouped else self._proposal_for(seq)
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal))
@@ -312,23 +313,40 @@ class Engine:
             event.finished = seq.is_finished
         return events
 
-    def _proposal_for(self, seq: Sequence) -> Proposal | None:
-        if seq.policy is None:
-            return None
-        room = min(
+    def _proposal_room(self, seq: Sequence) -> int:
+        return min(
             self.config.max_proposal_tokens,
             self.max_len - len(seq.token_ids) - 1,
             seq.params.max_tokens - seq.num_output_tokens - 1,
         )
+
+    def _proposal_for(self, seq: Sequence) -> Proposal | None:
+        if seq.policy is None:
+            return None
+        room = self._proposal_room(seq)
         if room <= 0:
             return None
-        proposal = seq.policy.propose(self, seq, room)
-        if proposal is None or not proposal.tokens:
-            return None
-        if len(proposal.tokens) > room:
-            probs = proposal.draft_probs[:room] if proposal.draft_probs is not None else None
-            proposal = Proposal(proposal.tokens[:room], probs)
-        return proposal
+        return _trimmed(seq.policy.propose(self, seq, room), room)
+
+    def _grouped_proposals(self, seqs: list[Sequence]) -> dict[int, Proposal | None]:
+        """Proposals made together for sequences whose policies share a `proposal_group` key
+        (e.g. one draft model: one batched draft forward per draft step instead of one per
+        sequence). Groups of one are left to `_proposal_for` (the same call)."""
+        groups: dict[object, list[tuple[Sequence, int]]] = {}
+        for seq in seqs:
+            grouping = getattr(seq.policy, "proposal_group", None)  # duck-typed policies may lack it
+            key = grouping() if grouping is not None else None
+            room = self._proposal_room(seq) if key is not None else 0
+            if room > 0:
+                groups.setdefault(key, []).append((seq, room))
+        out: dict[int, Proposal | None] = {}
+        for items in groups.values():
+            if len(items) < 2:
+                continue
+            proposals = type(items[0][0].policy).propose_many(self, items)
+            for (seq, room), proposal in zip(items, proposals):
+                out[seq.seq_id] = _trimmed(proposal, room)
+        return out
 
     def _commit(
         self,
@@ -414,6 +432,16 @@ class Engine:
         window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - longest - 8) :]
         text = self.tokenizer.decode(window, skip_special_tokens=False)
         return any(s in text for s in seq.params.stop)
+
+
+def _trimmed(proposal: Proposal | None, room: int) -> Proposal | None:
+    """None for an empty proposal; at most `room` tokens (with their draft probabilities)."""
+    if proposal is None or not proposal.tokens:
+        return None
+    if len(proposal.tokens) > room:
+        probs = proposal.draft_probs[:room] if proposal.draft_probs is not None else None
+        proposal = Proposal(proposal.tokens[:room], probs)
+    return proposal
 
 
 def _needs_logits(seq: Sequence) -> bool:

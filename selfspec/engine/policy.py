@@ -26,6 +26,17 @@ class SequencePolicy:
         """Tokens to verify in this step after the sequence's pending token (None: plain decode)."""
         return None
 
+    def proposal_group(self) -> object | None:
+        """A key shared by sequences whose proposals one batched call can make (a draft
+        model's runner), or None. The engine then calls `propose_many` of this policy's
+        class once per key and step instead of `propose` per sequence."""
+        return None
+
+    @staticmethod
+    def propose_many(engine: "Engine", items: "list[tuple[Sequence, int]]") -> list[Proposal | None]:
+        """Proposals for (sequence, max_tokens) pairs of one `proposal_group` key."""
+        return [seq.policy.propose(engine, seq, room) for seq, room in items]
+
     def verify(
         self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
     ) -> VerifyResult | None:

@@ -92,6 +92,31 @@ class ThinkingPolicy(SequencePolicy):
             return None
         return self.proposer.propose(seq.token_ids, room)
 
+    def proposal_group(self) -> object | None:
+        # Only the plain rule above may be batched: a subclass with its own `propose` decides
+        # more than the room, so it keeps the per-sequence call.
+        if type(self).propose is not ThinkingPolicy.propose:
+            return None
+        key = getattr(self.proposer, "group_key", None)
+        return None if key is None else (ThinkingPolicy, key)
+
+    @staticmethod
+    def propose_many(engine: "Engine", items: "list[tuple[Sequence, int]]") -> list[Proposal | None]:
+        """`propose` for several sequences whose proposers share a `group_key` (one draft model)."""
+        out: list[Proposal | None] = [None] * len(items)
+        requests, where = [], []
+        for index, (seq, max_tokens) in enumerate(items):
+            policy = seq.policy
+            room = min(max_tokens, policy._room_in_phase())
+            if room > 0:
+                requests.append((policy.proposer, seq.token_ids, room))
+                where.append(index)
+        if requests:
+            proposals = type(requests[0][0]).propose_group(requests)
+            for index, proposal in zip(where, proposals):
+                out[index] = proposal
+        return out
+
     def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
         self._consume(engine, seq)
 

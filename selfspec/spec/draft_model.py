@@ -93,36 +93,37 @@ class DraftModelProposer:
         self.cached: list[int] = []  # tokens whose K/V the draft slot holds, in order
         self._known = 0  # context length at the last call: that prefix is certainly cached
 
+    @property
+    def group_key(self) -> DraftModelRunner:
+        """Proposers of one draft model can draft together (`propose_group`)."""
+        return self.draft
+
+    @staticmethod
+    def propose_group(requests: "list[tuple[DraftModelProposer, Sequence[int], int]]") -> list[Proposal]:
+        return propose_group(requests)
+
     def propose(self, context: Sequence[int], max_tokens: int) -> Proposal:
+        return propose_group([(self, context, max_tokens)])[0]
+
+    def _start(self, context: Sequence[int], max_tokens: int) -> "_DraftJob | None":
+        """Slot and re-feed for one proposal (None: nothing to propose this step)."""
         k = min(self.num_tokens, max_tokens, self.draft.max_len - len(context) - 1)
         if k <= 0:
-            return Proposal([])
+            return None
         if self.slot is None:
             self.slot = self.draft.slots.allocate()
             if self.slot is None:
-                return Proposal([])  # no draft slot free: plain decoding for this step
+                return None  # no draft slot free: plain decoding for this step
         # The context only grows by appends (the Proposer contract), so the draft cache agrees
         # with it up to the previous context length; only the proposed tail needs comparing.
         common = _common_prefix(self.cached, context, start=min(self._known, len(self.cached)))
         common = min(common, len(context) - 1)  # always re-feed at least the last token
-        feed = list(context[common:])
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        position = common
-        for _ in range(k):
-            logits = self.draft.forward(self.slot, position, feed)
-            position += len(feed)
-            if self.params.greedy:
-                token = int(logits.argmax())
-            else:
-                probs = processed_probs(logits, self.params)
-                token = int(torch.multinomial(probs, 1, generator=self.generator).item())
-                rows.append(probs)
-            tokens.append(token)
-            feed = [token]
-        self.cached = list(context) + tokens[:-1]
-        self._known = len(context)
-        return Proposal(tokens, torch.stack(rows) if rows else None)
+        return _DraftJob(self, list(context), k, common, list(context[common:]))
+
+    def _finish(self, job: "_DraftJob") -> Proposal:
+        self.cached = job.context + job.tokens[:-1]
+        self._known = len(job.context)
+        return Proposal(job.tokens, torch.stack(job.rows) if job.rows else None)
 
     def release(self) -> None:
         if self.slot is not None:
@@ -130,6 +131,64 @@ class DraftModelProposer:
             self.slot = None
             self.cached = []
             self._known = 0
+
+
+class _DraftJob:
+    """One sequence's proposal in progress inside `propose_group`."""
+
+    def __init__(self, proposer: DraftModelProposer, context: list[int], k: int, position: int, feed: list[int]) -> None:
+        self.proposer = proposer
+        self.context = context
+        self.k = k
+        self.position = position  # where `feed` goes in the draft's slot
+        self.feed = feed
+        self.tokens: list[int] = []
+        self.rows: list[torch.Tensor] = []  # the draft's sampling distributions (non-greedy)
+
+
+def propose_group(requests: list[tuple[DraftModelProposer, Sequence[int], int]]) -> list[Proposal]:
+    """Proposals for several sequences of one draft model: k lockstep draft steps, each one
+    draft forward over every sequence still drafting (batched like the target's steps).
+
+    Why: per-sequence proposals cost k draft forwards per sequence and round, so a batch of
+    12 RL rollouts ran 96 small forwards per target step. Each sequence's tokens are chosen
+    from its own row with its own sampling parameters and generator, so the result is what
+    the sequence alone would propose, up to the float differences of a batched forward —
+    which verification absorbs: greedy verification is exact whatever is proposed, and
+    rejection sampling uses the very probabilities the tokens were drawn from.
+    """
+    proposals: list[Proposal] = [Proposal([]) for _ in requests]
+    jobs: list[tuple[int, _DraftJob]] = []
+    for index, (proposer, context, max_tokens) in enumerate(requests):
+        job = proposer._start(context, max_tokens)
+        if job is not None:
+            jobs.append((index, job))
+    if not jobs:
+        return proposals
+    draft = jobs[0][1].proposer.draft
+    if any(job.proposer.draft is not draft for _, job in jobs):
+        raise ValueError("propose_group takes proposers of one draft model")
+    active = [job for _, job in jobs]
+    while active:
+        want_logits = [not job.proposer.params.greedy for job in active]  # greedy rows need only the argmax
+        logits = draft.runner.run([Chunk(job.proposer.slot, job.position, job.feed, 1) for job in active], want_logits)
+        argmax = draft.runner.last_argmax
+        draft.forwards += 1
+        for job, row_logits, row_argmax in zip(active, logits, argmax):
+            params = job.proposer.params
+            if params.greedy:
+                token = int(row_argmax[-1])
+            else:
+                probs = processed_probs(row_logits[-1], params)
+                token = int(torch.multinomial(probs, 1, generator=job.proposer.generator).item())
+                job.rows.append(probs)
+            job.position += len(job.feed)
+            job.tokens.append(token)
+            job.feed = [token]
+        active = [job for job in active if len(job.tokens) < job.k]
+    for index, job in jobs:
+        proposals[index] = job.proposer._finish(job)
+    return proposals
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
