@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from selfspec.bench.report import ReportError, build_report, load_records
+from selfspec.bench.report import ReportError, build_report, group_records, load_records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -44,7 +44,7 @@ def report(tmp_path: Path):
         _rec("s1", "prefix", 10.0, accepted_prefix=20, suffix_accepted_tokens=8, exact_match=False, passed=False),
         _rec("s2", "prefix", 30.0, accepted_prefix=60, oracle_speedup=3.0, loop=True),
         # transformers generate: no timing split, no oracle field -> derived from token counts.
-        {"sample_id": "s0", "benchmark": "humaneval", "mode": "hf-generate", "model": "tiny",
+        {"sample_id": "s0", "benchmark": "humaneval", "mode": "hf-generate", "model": "tiny", "dtype": "float32",
          "settings": _settings(), "latency_s": 8.0, "cot_tokens": 100, "answer_tokens": 100, "exact_match": True},
         # a second budget of the same settings: shares the budget plot, gets its own table.
         _rec("s0", "baseline", 10.0, budget=200), _rec("s0", "prefix", 4.0, budget=200),
@@ -170,6 +170,24 @@ def test_resume_and_exactness_are_keyed_by_model_and_settings(tmp_path):
     assert completed_pairs(path, "m", b) == {("s1", "baseline")}
     assert _baseline_hashes(path, "m", b) == {"s1": "h2"}
     assert _baseline_hashes(path, "other", a) == {"s1": "h3"}
+    # A bf16 run does not resume from fp32 records of the same settings.
+    typed = tmp_path / "typed.jsonl"
+    typed.write_text(_json.dumps({**rows[0], "dtype": "float32"}) + "\n")
+    assert completed_pairs(typed, "m", a, "bfloat16") == set()
+    assert completed_pairs(typed, "m", a, "float32") == {("s1", "baseline")}
+
+
+def test_fp32_and_bf16_runs_get_their_own_tables(tmp_path):
+    """Same settings in two dtypes: two groups, neither record replaces the other."""
+    path = _write(tmp_path / "two.jsonl", [
+        _rec("s0", "baseline", 2.0), _rec("s0", "prefix", 1.0),
+        _rec("s0", "baseline", 1.0, dtype="bfloat16"), _rec("s0", "prefix", 0.8, dtype="bfloat16"),
+    ])
+    records = load_records([path])
+    assert len(records) == 4
+    groups = group_records(records)
+    assert [g.settings["dtype"] for g in groups] == ["bfloat16", "float32"]
+    assert groups[0].title.endswith(", bfloat16") and groups[0].table()["prefix"]["mean_latency_s"] == 0.8
 
 
 def test_timing_check_flags_a_batch_that_ran_slow_per_forward(tmp_path: Path):

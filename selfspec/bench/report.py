@@ -79,7 +79,16 @@ def load_records(inputs: Iterable[Path]) -> list[Record]:
 
 
 def _record_key(rec: Record) -> tuple:
-    return (rec.get("model"), rec.get("benchmark"), rec["sample_id"], rec["mode"], _settings_key(rec.get("settings")))
+    return (rec.get("model"), rec.get("benchmark"), rec["sample_id"], rec["mode"], _settings_key(_run_settings(rec)))
+
+
+def _run_settings(rec: Record) -> dict[str, Any]:
+    """The record's bench settings plus its dtype: runs of the same settings in fp32 and bf16
+    are different measurements (other kernels, other step costs) and get their own tables."""
+    settings = dict(rec.get("settings") or {})
+    if rec.get("dtype") is not None:
+        settings["dtype"] = rec["dtype"]
+    return settings
 
 
 def _settings_key(settings: dict[str, Any] | None, drop: tuple[str, ...] = ()) -> str:
@@ -183,7 +192,9 @@ class Group:
     def title(self) -> str:
         """The label plus the draft budget, which tells apart the tables of a budget sweep."""
         budget = self.settings.get("draft_budget")
-        return self.label if budget is None else f"{self.label}, draft budget {budget}"
+        title = self.label if budget is None else f"{self.label}, draft budget {budget}"
+        dtype = self.settings.get("dtype")
+        return title if dtype is None else f"{title}, {dtype}"
 
     def by_mode(self, exclude: set[str] = frozenset()) -> dict[str, list[Record]]:
         out: dict[str, list[Record]] = defaultdict(list)
@@ -217,9 +228,10 @@ def group_records(records: list[Record]) -> list[Group]:
     groups: dict[tuple, Group] = {}
     for rec in records:
         model, bench = str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown")
-        key = (model, bench, _settings_key(rec.get("settings")))
+        settings = _run_settings(rec)
+        key = (model, bench, _settings_key(settings))
         if key not in groups:
-            groups[key] = Group(model, bench, dict(rec.get("settings") or {}))
+            groups[key] = Group(model, bench, settings)
         groups[key].records.append(rec)
     return sorted(groups.values(), key=lambda g: (g.model, g.benchmark, _settings_key(g.settings)))
 

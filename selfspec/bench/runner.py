@@ -145,8 +145,8 @@ def _sync(llm: LLM) -> None:
         torch.cuda.synchronize()
 
 
-def _matching_records(path: Path, model: str, settings: dict[str, Any]) -> Iterable[dict[str, Any]]:
-    """Records of this file made with the same model and settings (a file may hold a sweep)."""
+def _matching_records(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> Iterable[dict[str, Any]]:
+    """Records of this file made with the same model, settings and (if given) dtype (a file may hold a sweep)."""
     if not path.exists():
         return
     for line in path.read_text().splitlines():
@@ -156,12 +156,12 @@ def _matching_records(path: Path, model: str, settings: dict[str, Any]) -> Itera
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a killed run; it is simply redone
-        if rec.get("model") == model and rec.get("settings") == settings:
+        if rec.get("model") == model and rec.get("settings") == settings and (dtype is None or rec.get("dtype") == dtype):
             yield rec
 
 
-def completed_pairs(path: Path, model: str, settings: dict[str, Any]) -> set[tuple[str, str]]:
-    return {(r["sample_id"], r["mode"]) for r in _matching_records(path, model, settings)}
+def completed_pairs(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> set[tuple[str, str]]:
+    return {(r["sample_id"], r["mode"]) for r in _matching_records(path, model, settings, dtype)}
 
 
 def run_bench(
@@ -180,7 +180,8 @@ def run_bench(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model_name = getattr(llm, "model_name", "custom")
     settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
-    done = completed_pairs(out_path, model_name, settings_key) if resume else set()
+    dtype = (meta or {}).get("dtype")
+    done = completed_pairs(out_path, model_name, settings_key, dtype) if resume else set()
     if not resume and out_path.exists():
         out_path.unlink()
     if "baseline" in modes:
@@ -192,7 +193,7 @@ def run_bench(
         from tqdm import tqdm
 
         bar = tqdm(total=len(todo), desc="bench", unit="run")
-    baseline_hash = _baseline_hashes(out_path, model_name, settings_key) if resume else {}
+    baseline_hash = _baseline_hashes(out_path, model_name, settings_key, dtype) if resume else {}
     new: list[dict[str, Any]] = []
     group_size = max(1, settings.concurrency)
     groups = [samples[j : j + group_size] for j in range(0, len(samples), group_size)]
@@ -255,8 +256,8 @@ def _finish_record(
     return rec
 
 
-def _baseline_hashes(path: Path, model: str, settings: dict[str, Any]) -> dict[str, str]:
-    return {r["sample_id"]: r["output_hash"] for r in _matching_records(path, model, settings) if r["mode"] == "baseline"}
+def _baseline_hashes(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> dict[str, str]:
+    return {r["sample_id"]: r["output_hash"] for r in _matching_records(path, model, settings, dtype) if r["mode"] == "baseline"}
 
 
 def _warm_up(llm: LLM, group: list[BenchSample], s: BenchSettings, modes: list[str]) -> None:
