@@ -23,7 +23,9 @@ model=$1; bench=$2; offset=$3; limit=$4; shift 4
 name=$(basename "$model"); file=${name}_${bench//\//-}.jsonl
 out=${BENCH_RAW_DIR:-benchmarks/results/h200/raw}/$file
 mkdir -p "$(dirname "$out")"
+# Committed raw files may be gzipped (the tree travels to the GPU machine every call).
 if [ ! -f "$out" ] && [ -f "benchmarks/results/h200/raw/$file" ]; then cp "benchmarks/results/h200/raw/$file" "$out"; fi
+if [ ! -f "$out" ] && [ -f "benchmarks/results/h200/raw/$file.gz" ]; then zcat "benchmarks/results/h200/raw/$file.gz" > "$out"; fi
 python3 -m selfspec.cli.main bench -b "$bench" --model "$model" --device cuda --dtype bfloat16 \
   --concurrency 1 --offset "$offset" --limit "$limit" --score --out "$out" "$@"
 if [ -n "${OUT:-}" ]; then cp "$out" "$OUT/"; fi

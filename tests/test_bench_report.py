@@ -209,3 +209,14 @@ def test_timing_check_flags_a_batch_that_ran_slow_per_forward(tmp_path: Path):
     even = [dict(r, latency_s=10.0) for r in records]
     clean = build_report([_write(tmp_path / "e.jsonl", even)], tmp_path / "out2").read_text()
     assert "Timing check" not in clean
+
+
+def test_gzipped_inputs_read_like_plain_ones(tmp_path):
+    import gzip
+
+    records = [_rec("s0", "baseline", 2.0), _rec("s0", "prefix", 1.0)]
+    plain = _write(tmp_path / "r.jsonl", records)
+    packed = tmp_path / "r2.jsonl.gz"
+    with gzip.open(packed, "wt") as handle:
+        handle.write(plain.read_text())
+    assert load_records([packed]) == load_records([plain])

@@ -59,7 +59,7 @@ def load_records(inputs: Iterable[Path]) -> list[Record]:
     for path in paths:
         if not path.exists():
             raise ReportError(f"input file not found: {path}")
-        lines = path.read_text().splitlines()
+        lines = _read_text(path).splitlines()
         for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -76,6 +76,17 @@ def load_records(inputs: Iterable[Path]) -> list[Record]:
     if not latest:
         raise ReportError("no bench records in " + ", ".join(str(p) for p in paths))
     return list(latest.values())
+
+
+def _read_text(path: Path) -> str:
+    """A JSONL file, gzip-compressed or not: committed raw results are kept as .jsonl.gz
+    (5-10x smaller) because the repository's tree travels to the GPU machine every call."""
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt") as handle:
+            return handle.read()
+    return path.read_text()
 
 
 def _record_key(rec: Record) -> tuple:
