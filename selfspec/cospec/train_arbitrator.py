@@ -950,6 +950,10 @@ def train_arbitrator(config: TrainConfig, llm=None, *, tasks: Sequence[EvalTask]
                 break
             summary["seconds"] = round(last_duration, 2)
             log(summary)
+            echo(
+                f"RL iteration {iteration}: {summary['seconds']} s, {summary['rollouts']} rollouts, "
+                f"{summary['decisions']} decisions, reward {summary['mean_reward']}, kept {summary['kept_share']}"
+            )
             stats.setdefault("rl", []).append({k: v for k, v in summary.items() if k != "prompts"})
             trainer.update(phase="rl", rl_iterations=iteration + 1)
             save(arbitrator, out / "checkpoint", optimizer)
