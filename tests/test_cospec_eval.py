@@ -61,9 +61,20 @@ def test_eval_pipeline_writes_files_and_marks_cospec_lossy(llm, arbitrator, tmp_
     assert lines[0]["kind"] == "config" and lines[0]["config"]["thresholds"] == [0.0, 1.0]
     items = [r for r in lines if r["kind"] == "item"]
     summaries = [r for r in lines if r["kind"] == "summary"]
-    assert len(items) == 2 * 4 and [s["label"] for s in summaries] == ["target", "sps", "cospec@0", "cospec@1"]
+    assert len(items) == 2 * 5
+    assert [s["label"] for s in summaries] == ["target", "sps", "draft-alone", "cospec@0", "cospec@1"]
     for row in items + summaries:
-        assert row["lossy"] is (row["mode"] == "cospec"), row
+        assert row["lossy"] is (row["mode"] in ("cospec", "draft")), row
+    # The draft alone is another model: its outputs are not the target's.
+    (complement,) = [r for r in lines if r["kind"] == "complementarity"]
+    by_item = {(r["uid"], r["label"]): r["passed"] for r in items}
+    uids = sorted({r["uid"] for r in items})
+    assert complement["items"] == 2
+    assert complement["target_solved"] == sum(by_item[(u, "target")] for u in uids)
+    assert complement["draft_solved"] == sum(by_item[(u, "draft-alone")] for u in uids)
+    assert complement["union"] == sum(by_item[(u, "target")] or by_item[(u, "draft-alone")] for u in uids)
+    assert set(complement["cospec"]) == {"cospec@0", "cospec@1"}
+    assert complement["cospec"]["cospec@1"]["beyond_target"] == 0 == complement["cospec"]["cospec@1"]["lost_vs_target"]
     assert all(r["lossy"] is True for r in lines if r["kind"].startswith("counterfactual"))
     by_label = {s["label"]: s for s in summaries}
     # SpS and λ = 1 are exact; λ = 0 keeps draft tokens at mismatches and changes the output.
@@ -83,6 +94,7 @@ def test_eval_pipeline_writes_files_and_marks_cospec_lossy(llm, arbitrator, tmp_
     cospec_rows = [line for line in report.splitlines() if line.startswith("| CoSpec")]
     assert len(cospec_rows) == 2 and all("LOSSY" in line for line in cospec_rows)
     assert "| SpS (lossless) | no |" in report and "speed_score.png" in report
+    assert "| draft model alone (not the target) | yes |" in report and "Complementarity over 2 items" in report
 
 
 def test_threshold_one_is_lossless_and_zero_keeps_draft_tokens(llm, arbitrator):
@@ -129,7 +141,7 @@ def test_cli_eval_end_to_end(checkpoint, tmp_path):
     lines = _lines(out / "results.jsonl")
     assert lines[0]["draft"] == "layers:1", "the draft comes from the checkpoint"
     assert lines[0]["arbitrator_config"]["target"] == "tiny"
-    assert {r["label"] for r in lines if r["kind"] == "summary"} == {"target", "sps", "cospec@0", "cospec@1"}
+    assert {r["label"] for r in lines if r["kind"] == "summary"} == {"target", "sps", "draft-alone", "cospec@0", "cospec@1"}
     assert all(r["lossy"] for r in lines if r.get("mode") == "cospec")
     assert (out / "report.md").exists() and (out / "speed_score.png").read_bytes()[:8] == PNG_MAGIC
     assert "selfspec cospec eval --model tiny" in (out / "report.md").read_text()
@@ -145,7 +157,8 @@ def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = _lines(out / "results.jsonl")
-    assert [r["label"] for r in lines if r["kind"] == "summary"] == ["target", "sps"] * 2
+    assert [r["label"] for r in lines if r["kind"] == "summary"] == ["target", "sps", "draft-alone"] * 2
+    assert [r["task"] for r in lines if r["kind"] == "complementarity"] == ["gsm8k", "humaneval"]
     assert not [r for r in lines if r["kind"].startswith("counterfactual")]
     bad = CliRunner().invoke(app, ["cospec", "eval", "--model", "tiny", "--thresholds", "2", "--out", str(out)])
     assert bad.exit_code == 2 and "thresholds" in bad.output
@@ -166,8 +179,8 @@ def test_humaneval_task_scores_with_the_tests():
 
 def test_cli_report_merges_runs_split_by_task(tmp_path):
     """Tasks evaluated in two runs (two GPUs) become one report; mismatched runs are refused."""
-    common = ["--model", "tiny", "--draft", "layers:1", "--n", "1", "--k", "4", "--max-tokens", "8", "--max-len", "2048",
-              "--device", "cpu", "--dtype", "float32", "--no-progress", "--no-warmup"]
+    common = ["--model", "tiny", "--draft", "layers:1", "--no-draft-alone", "--n", "1", "--k", "4", "--max-tokens", "8",
+              "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress", "--no-warmup"]
     for name, task in (("a", "gsm8k"), ("b", "humaneval")):
         result = CliRunner().invoke(app, ["cospec", "eval", "--tasks", task, "--out", str(tmp_path / name), *common])
         assert result.exit_code == 0, result.output
@@ -204,7 +217,7 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
     real_run, calls = evaluate._run, []
 
     def dying_run(*args, **kwargs):
-        if len(calls) == 7:  # the first task's 6 timed runs are journalled, one counterfactual probe ran
+        if len(calls) == 9:  # the first task's 8 timed runs are journalled, one counterfactual probe ran
             raise KeyboardInterrupt
         calls.append(args[3].label)
         return real_run(*args, **kwargs)
@@ -214,17 +227,18 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
         run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     kinds = [line["kind"] for line in _lines(journal)]
     assert kinds[0] == "journal" and kinds.count("task_done") == 0  # killed during the counterfactual probe
-    assert kinds.count("run") == 6  # 2 items x 3 modes of the first task
+    assert kinds.count("run") == 8  # 2 items x 4 modes (target, SpS, draft alone, λ 0) of the first task
     monkeypatch.setattr(evaluate, "_run", real_run)
     counted = []
     monkeypatch.setattr(evaluate, "_run", lambda *a, **k: counted.append(a[3].label) or real_run(*a, **k))
     resumed = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     # Only the probes and the second task ran again; the first task's timed runs came from disk.
-    assert counted.count("target") == 2 and counted.count("sps") == 2 and len(counted) == 2 + 6 + 2
+    assert counted.count("target") == 2 and counted.count("draft-alone") == 2 and len(counted) == 2 + 8 + 2
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("latency_s", "arbitration_s")} for r in rows]
     assert [r["token_ids_hash"] for r in resumed.items] == [r["token_ids_hash"] for r in full.items]
     assert [(r["passed"], r["score"]) for r in resumed.items] == [(r["passed"], r["score"]) for r in full.items]
     assert len(strip(resumed.summaries)) == len(full.summaries)
+    assert resumed.complementarity == full.complementarity and len(full.complementarity) == 2
     again = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     assert [r["token_ids_hash"] for r in again.items] == [r["token_ids_hash"] for r in full.items]
     with pytest.raises(ValueError, match="another config"):

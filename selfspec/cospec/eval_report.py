@@ -31,7 +31,23 @@ def _mode_name(row: dict[str, Any]) -> str:
         return "target only"
     if row["mode"] == "sps":
         return "SpS (lossless)"
+    if row["mode"] == "draft":
+        return "draft model alone (not the target)"
     return f"CoSpec λ={row['threshold']:g} **LOSSY**"
+
+
+def _complementarity_line(row: dict[str, Any]) -> str:
+    """What CoSpec's score could gain: items the draft alone solves and the target does not."""
+    n = row["items"]
+    parts = [
+        f"Complementarity over {n} items: target solves {row['target_solved']}, the draft alone {row['draft_solved']}; "
+        f"solved by the draft but not the target: **{row['draft_not_target']}**; by the target but not the draft: "
+        f"{row['target_not_draft']}; oracle union {row['union']}/{n}."
+    ]
+    for label, c in row.get("cospec", {}).items():
+        parts.append(f"{label.replace('cospec@', 'CoSpec λ=')}: solves {c['solved']}, {c['beyond_target']} beyond the target, "
+                     f"{c['lost_vs_target']} the target solved lost.")
+    return " ".join(parts)
 
 
 def _arbitrator_line(meta: dict[str, Any]) -> str:
@@ -79,6 +95,8 @@ def render_markdown(results: CoSpecEvalResults) -> str:
                 f"{_fmt(row['tau'], '{:.2f}')} | {_pct(row['acceptance'])} | {row['kept_draft_tokens']} | {row['arbitrations']} | "
                 f"{_pct(row['same_as_target'])} |"
             )
+        for c in (r for r in results.complementarity if r["task"] == task):
+            lines += ["", _complementarity_line(c)]
         cf = [r for r in results.counterfactual_summaries if r["task"] == task]
         if cf:
             first = cf[0]
@@ -127,6 +145,8 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
                 axis.scatter([x], [y], marker="o", color="black", zorder=3, label="target only")
             elif row["mode"] == "sps":
                 axis.scatter([x], [y], marker="s", color="tab:blue", zorder=3, label="SpS (lossless)")
+            elif row["mode"] == "draft":
+                axis.scatter([x], [y], marker="x", color="tab:gray", zorder=3, label="draft alone")
         cospec = sorted((r for r in summary if r["mode"] == "cospec"), key=lambda r: r["threshold"])
         if cospec:
             xs = [r["speedup"] or 0.0 for r in cospec]
@@ -205,6 +225,7 @@ def merge_results(paths: Sequence[str | Path]) -> CoSpecEvalResults:
                 "summary": merged.summaries,
                 "counterfactual": merged.counterfactual_states,
                 "counterfactual_summary": merged.counterfactual_summaries,
+                "complementarity": merged.complementarity,
             }.get(line.get("kind"))
             if bucket is not None:
                 bucket.append(line)

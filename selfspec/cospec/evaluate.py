@@ -65,6 +65,9 @@ class CoSpecEvalConfig:
     warmup: bool = True
     gsm8k_path: str | None = None
     humaneval_path: str | None = None
+    # Also run the draft model alone: which items it solves that the target does not
+    # (complementarity, the oracle union) is what CoSpec's score gain can come from.
+    draft_alone: bool = True
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -89,23 +92,25 @@ class CoSpecEvalConfig:
 class Mode:
     """One decoding mode of the comparison."""
 
-    name: str  # "target" | "sps" | "cospec"
+    name: str  # "target" | "sps" | "cospec" | "draft" (the draft model alone)
     threshold: float | None = None
 
     @property
     def lossy(self) -> bool:
-        return self.name == "cospec"
+        return self.name in ("cospec", "draft")  # not the target's tokens
 
     @property
     def label(self) -> str:
+        if self.name == "draft":
+            return "draft-alone"
         if self.name != "cospec":
             return self.name
         return "cospec-probe" if self.threshold is None else f"cospec@{self.threshold:g}"
 
 
 def modes_for(config: CoSpecEvalConfig, with_arbitrator: bool) -> list[Mode]:
-    """target, SpS, then CoSpec per threshold (only with an arbitrator)."""
-    modes = [Mode("target"), Mode("sps")]
+    """target, SpS, the draft alone (if configured), then CoSpec per threshold (only with an arbitrator)."""
+    modes = [Mode("target"), Mode("sps")] + ([Mode("draft")] if config.draft_alone else [])
     if with_arbitrator:
         modes += [Mode("cospec", t) for t in config.thresholds]
     return modes
@@ -115,7 +120,7 @@ def spec_for(mode: Mode, config: CoSpecEvalConfig, arbitrator: Any, recorder: Ca
     from selfspec.cospec.policy import CoSpecConfig
     from selfspec.policies.speculative import SpeculationConfig
 
-    if mode.name == "target":
+    if mode.name in ("target", "draft"):
         return None
     if mode.name == "sps":
         return SpeculationConfig(method="draft", num_speculative_tokens=config.k)
@@ -151,13 +156,35 @@ class _Ctx:
     config: CoSpecEvalConfig
     params: SamplingParams
     tick: Callable[[int], None] = lambda n: None
+    _draft: Any = None
+
+    def draft_llm(self) -> Any:
+        """The draft model as an LLM of its own (its own engine and cache), built once."""
+        if self._draft is None:
+            self._draft = draft_as_llm(self.llm)
+        return self._draft
+
+
+def draft_as_llm(llm: Any) -> Any:
+    """An `LLM` over `llm`'s draft module: same tokenizer and thinking format, its own engine
+    (a shallow draft shares weights with the target, not its KV cache)."""
+    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.llm import LLM
+
+    engine = llm.engine
+    config = EngineConfig(num_slots=2, max_len=engine.max_len)  # the device is the module's
+    return LLM.from_model(
+        llm.draft_runner.model, llm.tokenizer, engine_config=config, thinking_format=llm.thinking_format,
+        name=f"{getattr(llm, 'model_name', 'custom')}:draft",
+    )
 
 
 def _run(ctx: _Ctx, task: EvalTask, item: EvalItem, mode: Mode, recorder: Callable | None = None) -> tuple[dict[str, Any], Any]:
     """Run one item alone in one mode; the record and the raw result."""
     spec = spec_for(mode, ctx.config, ctx.arbitrator, recorder)
+    llm = ctx.draft_llm() if mode.name == "draft" else ctx.llm
     started = time.perf_counter()
-    (out,) = ctx.llm.generate([item.messages], ctx.params, spec=spec, thinking=task.thinking)
+    (out,) = llm.generate([item.messages], ctx.params, spec=spec, thinking=task.thinking)
     latency = time.perf_counter() - started
     m = out.metrics
     record = {
@@ -286,6 +313,45 @@ def summarize(records: Sequence[dict[str, Any]], modes: Sequence[Mode], task: st
             }
         )
     return out
+
+
+def complementarity(records: Sequence[dict[str, Any]], task: str) -> list[dict[str, Any]]:
+    """Which items the target and the draft alone solve, their oracle union, and what each
+    CoSpec threshold solves beyond (or loses against) the target.
+
+    Why: CoSpec can only beat the target's score on items where keeping draft tokens helps,
+    so "items solved by the draft but not the target" bounds what arbitration can gain.
+    Empty when the draft-alone mode did not run.
+    """
+    rows = [r for r in records if r["task"] == task and r.get("passed") is not None]
+    by_label: dict[str, dict[str, bool]] = {}
+    for r in rows:
+        by_label.setdefault(r["label"], {})[r["uid"]] = bool(r["passed"])
+    target, draft = by_label.get("target"), by_label.get("draft-alone")
+    if not target or not draft:
+        return []
+    uids = sorted(set(target) & set(draft))
+    row: dict[str, Any] = {
+        "kind": "complementarity",
+        "task": task,
+        "items": len(uids),
+        "target_solved": sum(target[u] for u in uids),
+        "draft_solved": sum(draft[u] for u in uids),
+        "draft_not_target": sum(draft[u] and not target[u] for u in uids),
+        "target_not_draft": sum(target[u] and not draft[u] for u in uids),
+        "union": sum(target[u] or draft[u] for u in uids),
+        "cospec": {},
+    }
+    for label, passed in by_label.items():
+        if label.startswith("cospec@"):
+            common = [u for u in uids if u in passed]
+            row["cospec"][label] = {
+                "items": len(common),
+                "solved": sum(passed[u] for u in common),
+                "beyond_target": sum(passed[u] and not target[u] for u in common),
+                "lost_vs_target": sum(target[u] and not passed[u] for u in common),
+            }
+    return [row]
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -435,10 +501,14 @@ class CoSpecEvalResults:
     summaries: list[dict[str, Any]] = field(default_factory=list)
     counterfactual_states: list[dict[str, Any]] = field(default_factory=list)
     counterfactual_summaries: list[dict[str, Any]] = field(default_factory=list)
+    complementarity: list[dict[str, Any]] = field(default_factory=list)
 
     def lines(self) -> list[dict[str, Any]]:
         head = {"kind": "config", **self.meta, "config": self.config}
-        return [head, *self.items, *self.summaries, *self.counterfactual_states, *self.counterfactual_summaries]
+        return [
+            head, *self.items, *self.summaries, *self.complementarity, *self.counterfactual_states,
+            *self.counterfactual_summaries,
+        ]
 
 
 def run_cospec_eval(
@@ -505,6 +575,7 @@ def run_cospec_eval(
                 log(f"{task.name}: finished earlier ({journal_path})")
                 results.items += done["items"]
                 results.summaries += done["summaries"]
+                results.complementarity += done.get("complementarity", [])
                 results.counterfactual_states += done["counterfactual_states"]
                 results.counterfactual_summaries += done["counterfactual_summaries"]
                 bar.update(len(task.items) * len(modes) + (len(task.items) + states if states else 0))
@@ -536,13 +607,16 @@ def run_cospec_eval(
             for r in records:
                 r["same_as_target"] = r["token_ids_hash"] == target_hash.get(r["uid"])
             summaries = summarize(records, modes, task.name)
+            complement = complementarity(records, task.name)
             thinking_by_uid = {r["uid"]: r["thinking"] for r in records if r["mode"] == "target"}
             cf_states, cf_rows = counterfactual(ctx, task, thinking_by_uid)
             journal.task_done(
-                task.name, items=records, summaries=summaries, counterfactual_states=cf_states, counterfactual_summaries=cf_rows
+                task.name, items=records, summaries=summaries, counterfactual_states=cf_states,
+                counterfactual_summaries=cf_rows, complementarity=complement,
             )
             results.items += records
             results.summaries += summaries
+            results.complementarity += complement
             results.counterfactual_states += cf_states
             results.counterfactual_summaries += cf_rows
     finally:
@@ -558,6 +632,8 @@ __all__ = [
     "CoSpecEvalResults",
     "Mode",
     "answer_text",
+    "complementarity",
+    "draft_as_llm",
     "modes_for",
     "run_cospec_eval",
     "summarize",
