@@ -596,7 +596,7 @@ def run_cospec_eval(
                         journal.run_done(record, answer)
                         log(
                             f"  {task.name} {item.uid} {mode.label}: {record['latency_s']:.2f} s, "
-                            f"{record['output_tokens']} tokens, {record['forwards']} target forwards, "
+                            f"{record['output_tokens']} tokens, {record['forwards']} forwards of the decoding model, "
                             f"{record['arbitrations']} arbitrations ({record['arbitration_s']:.2f} s)"
                         )
                     runs.append((item, record, answer))
