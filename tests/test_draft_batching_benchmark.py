@@ -1,0 +1,31 @@
+"""`benchmarks/draft_batching.py` runs end to end on the tiny model and finds identical outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_batching.py"
+
+
+def test_draft_batching_benchmark_on_the_tiny_model(tmp_path):
+    spec = importlib.util.spec_from_file_location("draft_batching", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "db"
+    result = CliRunner().invoke(module.app, [
+        "--model", "tiny", "--draft", "layers:1", "--prompts", "3", "--max-tokens", "12", "--k", "4",
+        "--repeats", "1", "--out", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["same_outputs"] is True
+    runs = summary["runs"]
+    assert runs["batched"][0]["draft_forwards"] < runs["per-sequence"][0]["draft_forwards"]
+    assert "faster end to end" in (out / "report.md").read_text()
+    from selfspec.policies.thinking import ThinkingPolicy
+
+    assert ThinkingPolicy.proposal_group is not None and "lambda" not in ThinkingPolicy.proposal_group.__qualname__
