@@ -226,6 +226,8 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     kinds = [line["kind"] for line in _lines(journal)]
+    with journal.open("a") as handle:
+        handle.write('{"kind": "run", "task": "arith')  # a line cut by the kill
     assert kinds[0] == "journal" and kinds.count("task_done") == 0  # killed during the counterfactual probe
     assert kinds.count("run") == 8  # 2 items x 4 modes (target, SpS, draft alone, λ 0) of the first task
     monkeypatch.setattr(evaluate, "_run", real_run)
@@ -239,6 +241,7 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
     assert [(r["passed"], r["score"]) for r in resumed.items] == [(r["passed"], r["score"]) for r in full.items]
     assert len(strip(resumed.summaries)) == len(full.summaries)
     assert resumed.complementarity == full.complementarity and len(full.complementarity) == 2
+    assert journal.read_text().splitlines().count('{"kind": "run", "task": "arith') == 1  # closed, not merged
     again = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     assert [r["token_ids_hash"] for r in again.items] == [r["token_ids_hash"] for r in full.items]
     with pytest.raises(ValueError, match="another config"):

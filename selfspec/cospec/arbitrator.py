@@ -231,14 +231,17 @@ class Arbitrator(torch.nn.Module):
         One state in eval mode on a GPU replays a captured graph (`arbitrator_graphs`): the
         policy asks at nearly every verification round, and eagerly the forward is launch-bound.
         """
-        device = self.head.weight.device
-        if len(states) == 1 and device.type == "cuda" and self.use_cuda_graphs and not self.training:
-            from selfspec.cospec.arbitrator_graphs import graphs_for
+        graphs = self.cuda_graphs() if len(states) == 1 and not self.training else None
+        logits = graphs.keep_logits(states[0]) if graphs is not None else None
+        return logits if logits is not None else self(build_batch(states, self.head.weight.device))
 
-            logits = graphs_for(self).keep_logits(states[0])
-            if logits is not None:
-                return logits
-        return self(build_batch(states, device))
+    def cuda_graphs(self):
+        """This arbitrator's graph set (`arbitrator_graphs.graphs_for`) on a GPU with graphs on; else None."""
+        if not self.use_cuda_graphs or self.head.weight.device.type != "cuda":
+            return None
+        from selfspec.cospec.arbitrator_graphs import graphs_for
+
+        return graphs_for(self)
 
     @torch.inference_mode()
     def keep_probability(self, states: Sequence[ArbitrationState]) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from selfspec.cospec.arbitrator import ArbitrationState, ArbitratorBatch, build_batch
+from selfspec.engine.static_forward import capture_graph
 
 if TYPE_CHECKING:
     from selfspec.cospec.arbitrator import Arbitrator
@@ -100,7 +101,7 @@ class ArbitratorGraphs:
             return entry
         start = time.perf_counter()
         try:
-            entry.graph = self._capture(entry)
+            entry.graph = capture_graph(lambda: self._body(entry), self.device, self.pool)
         except Exception as exc:  # noqa: BLE001 - an eager arbitrator is slow, not wrong
             self.capture = False
             self.capture_error = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -108,19 +109,6 @@ class ArbitratorGraphs:
             torch.cuda.synchronize(self.device)
         self.capture_seconds += time.perf_counter() - start
         return entry
-
-    def _capture(self, entry: _Captured) -> torch.cuda.CUDAGraph:
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # lazy inits and kernel selection outside the capture
-                self._body(entry)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            self._body(entry)
-        torch.cuda.synchronize(self.device)
-        return graph
 
     def _body(self, entry: _Captured) -> None:
         arbitrator = self._arbitrator()

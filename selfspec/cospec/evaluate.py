@@ -233,7 +233,16 @@ class _Journal:
         if path is None:
             return
         if path.exists():
-            lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            text = path.read_text()
+            if text and not text.endswith("\n"):
+                with path.open("a") as handle:  # close the cut line: the next record starts on its own
+                    handle.write("\n")
+            lines = []
+            for line in text.splitlines():
+                try:
+                    lines.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut by the kill this journal exists for: that run is redone
             if lines and lines[0].get("identity") != identity:
                 raise ValueError(
                     f"{path} was written by an eval with another config, model or arbitrator; remove it or use another --out"

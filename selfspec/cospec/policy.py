@@ -99,12 +99,10 @@ class CoSpecConfig(BaseModel):
         if self.arbitrator is not None and not isinstance(self.arbitrator, Arbitrator):
             raise TypeError(f"arbitrator must be a selfspec.cospec.Arbitrator, got {type(self.arbitrator).__name__}")
         proposer = DraftModelProposer(llm.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
-        arbitrator = self.arbitrator
-        if arbitrator is not None and arbitrator.use_cuda_graphs and arbitrator.head.weight.device.type == "cuda":
-            from selfspec.cospec.arbitrator_graphs import graphs_for
-
+        graphs = self.arbitrator.cuda_graphs() if self.arbitrator is not None else None
+        if graphs is not None:
             # Widest state: prefix window + draft block (≤ K) + target block (≤ K + 1) + decision.
-            graphs_for(arbitrator).prepare(self.max_prefix_tokens + 2 * self.num_speculative_tokens + 2)
+            graphs.prepare(self.max_prefix_tokens + 2 * self.num_speculative_tokens + 2)
         return CoSpecPolicy(
             llm.thinking_format,
             limits,

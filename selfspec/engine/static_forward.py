@@ -32,6 +32,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from selfspec.engine.model_runner import Chunk, ModelRunner
 
 
+def capture_graph(body: Callable[[], None], device: torch.device, pool=None) -> torch.cuda.CUDAGraph:
+    """Capture `body` (a forward over static buffers, no host syncs) as a CUDA graph.
+
+    It runs twice on a side stream first, so compilation, autotuning and lazy inits happen
+    outside the capture. `thread_local`: a server's other threads may touch CUDA meanwhile.
+    """
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+        body()
+    torch.cuda.synchronize(device)
+    return graph
+
+
 @dataclass(frozen=True)
 class GraphBuckets:
     """Which shapes get a static forward. Steps outside them run eagerly."""
@@ -204,18 +223,7 @@ class StaticForwardPool:
             return self._capture(forward)
 
     def _capture(self, forward: StaticForward) -> torch.cuda.CUDAGraph:
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile / autotune / lazy init outside the capture
-                self._body(forward)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a server's other threads may touch CUDA while the engine thread captures.
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            self._body(forward)
-        torch.cuda.synchronize(self.device)
-        return graph
+        return capture_graph(lambda: self._body(forward), self.device, self.pool)
 
     def _body(self, forward: StaticForward) -> None:
         """The forward over the static buffers: no host values, no host syncs."""

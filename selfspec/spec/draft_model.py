@@ -67,12 +67,6 @@ class DraftModelRunner:
         self.max_len = max_len
         self.forwards = 0
 
-    def forward(self, slot: int, start: int, tokens: list[int]) -> torch.Tensor:
-        """Logits [V] after feeding `tokens` at `start` into `slot`."""
-        (logits,) = self.runner.run([Chunk(slot, start, tokens, 1)])
-        self.forwards += 1
-        return logits[-1]
-
 
 class DraftModelProposer:
     """Per-sequence proposer: k autoregressive draft steps from the committed context."""
