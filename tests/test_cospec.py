@@ -73,6 +73,25 @@ def test_hybrid_mask_rule():
     assert hybrid_positions(p, d, t).tolist() == [0, 1, 2, 3, 4, 3, 4, 5, 6]
 
 
+def test_device_layout_is_the_mask_rule_with_padding():
+    """`hybrid_layout` (what the CUDA graphs compute from three integers) equals
+    `hybrid_mask`/`hybrid_positions` on the real rows, and padding is self-only and unseen."""
+    from selfspec.cospec.arbitrator import hybrid_layout
+
+    cases = [(1, 1, 1), (3, 2, 3), (7, 1, 2), (12, 5, 6), (4, 8, 9)]
+    width = 32
+    positions, allowed, decision = hybrid_layout(torch.tensor(cases), width)
+    assert positions.shape == (5, width) and allowed.shape == (5, width, width)
+    for b, (p, d, t) in enumerate(cases):
+        n = p + d + t + 1
+        assert torch.equal(allowed[b, :n, :n], hybrid_mask(p, d, t))
+        assert positions[b, :n].tolist() == hybrid_positions(p, d, t).tolist()
+        assert int(decision[b]) == n - 1
+        assert not allowed[b, :n, n:].any()  # no real row sees padding
+        assert torch.equal(allowed[b, n:, :], torch.eye(width, dtype=torch.bool)[n:])  # padding sees itself
+        assert (positions[b, n:] == 0).all()
+
+
 def test_blocks_do_not_see_each_other_and_padding_is_invisible(arbitrator):
     state = ArbitrationState(prefix=(10, 11, 12, 13), draft_block=(20, 21), target_block=(30, 31, 32))
     other_draft = ArbitrationState(prefix=state.prefix, draft_block=(40, 41), target_block=state.target_block)

@@ -151,17 +151,22 @@ def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
     out = tmp_path / "plain"
     args = [
         "cospec", "eval", "--model", "tiny", "--draft", "layers:1", "--tasks", "gsm8k,humaneval", "--n", "1", "--k", "4",
-        "--max-tokens", "8", "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress",
+        "--sps-k", "2,4", "--max-tokens", "8", "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress",
         "--no-warmup", "--out", str(out),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = _lines(out / "results.jsonl")
-    assert [r["label"] for r in lines if r["kind"] == "summary"] == ["target", "sps", "draft-alone"] * 2
+    summaries = [r for r in lines if r["kind"] == "summary"]
+    assert [r["label"] for r in summaries] == ["target", "sps", "sps@k2", "draft-alone"] * 2  # K 4 is --k's row
+    assert all(r["same_as_target"] == 1.0 for r in summaries if r["mode"] == "sps")  # lossless at every K
+    assert [r["k"] for r in summaries if r["mode"] == "sps"] == [None, 2] * 2
     assert [r["task"] for r in lines if r["kind"] == "complementarity"] == ["gsm8k", "humaneval"]
     assert not [r for r in lines if r["kind"].startswith("counterfactual")]
     bad = CliRunner().invoke(app, ["cospec", "eval", "--model", "tiny", "--thresholds", "2", "--out", str(out)])
     assert bad.exit_code == 2 and "thresholds" in bad.output
+    bad = CliRunner().invoke(app, ["cospec", "eval", "--model", "tiny", "--sps-k", "0", "--out", str(out)])
+    assert bad.exit_code == 2 and "--sps-k" in bad.output
 
 
 def test_humaneval_task_scores_with_the_tests():

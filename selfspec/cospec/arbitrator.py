@@ -116,10 +116,54 @@ class ArbitratorBatch:
     decision_index: torch.Tensor  # [B]
 
 
+def hybrid_layout(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Position ids [B, W], the allowed mask [B, W, W] and the decision index [B] of states
+    with block lengths `lengths` [B, 3] = (P, D, T), right-padded to `width`.
+
+    The same rule as `hybrid_mask`/`hybrid_positions`, computed with tensor ops on the
+    lengths' device, so a CUDA graph can build a state's layout from three integers (no
+    [W, W] host tensors per decision: on a busy host, multi-threaded CPU ops on them took
+    ~110 ms per call, session 5). Padding queries see only themselves (finite softmax) and
+    no real query sees a padding key.
+    """
+    device = lengths.device
+    p, d, t = (lengths[:, i].view(-1, 1) for i in range(3))  # [B, 1]
+    n = p + d + t + 1
+    i = torch.arange(width, device=device).view(1, -1)  # [1, W]
+    positions = torch.where(
+        i < p + d,
+        i,
+        torch.where(i < p + d + t, i - d, torch.where(i == n - 1, p + torch.maximum(d, t), torch.zeros_like(i))),
+    )
+    q, k = i.view(1, -1, 1), i.view(1, 1, -1)  # [1, W, 1], [1, 1, W]
+    p, d, t, n = (x.view(-1, 1, 1) for x in (p, d, t, n))  # [B, 1, 1]
+    causal = k <= q
+    in_prefix_k = k < p
+    draft_k = (k >= p) & (k < p + d)
+    target_k = (k >= p + d) & (k < p + d + t)
+    allowed = (q < p) & causal
+    allowed = allowed | (((q >= p) & (q < p + d)) & (in_prefix_k | (draft_k & causal)))
+    allowed = allowed | (((q >= p + d) & (q < p + d + t)) & (in_prefix_k | (target_k & causal)))
+    allowed = allowed | ((q == n - 1) & (k < n))
+    allowed = allowed | ((q >= n) & (k == q))
+    return positions, allowed, (n - 1).view(-1)
+
+
+def state_lengths(states: Sequence[ArbitrationState]) -> torch.Tensor:
+    """[B, 3] long: each state's (prefix, draft block, target block) lengths."""
+    return torch.tensor([[len(s.prefix), len(s.draft_block), len(s.target_block)] for s in states], dtype=torch.long)
+
+
+def state_tokens(state: ArbitrationState) -> list[int]:
+    """The state's input tokens: prefix, draft block, target block, decision (= d_j again)."""
+    return [*state.prefix, *state.draft_block, *state.target_block, state.draft_block[0]]
+
+
 def build_batch(states: Sequence[ArbitrationState], device: torch.device | str = "cpu", *, width: int | None = None) -> ArbitratorBatch:
     """Stack states; padding keys are invisible and padding queries see only themselves.
 
-    `width` pads further (CUDA-graph buckets, `arbitrator_graphs`); it must fit every state.
+    `width` pads further; it must fit every state. The layout is built on `device`
+    (`hybrid_layout`), so only token ids and lengths cross from the host.
     """
     if not states:
         raise ValueError("no states to batch")
@@ -127,19 +171,10 @@ def build_batch(states: Sequence[ArbitrationState], device: torch.device | str =
     if width is not None and width < longest:
         raise ValueError(f"width {width} is shorter than the longest state ({longest})")
     width = width or longest
-    batch = len(states)
-    input_ids = torch.zeros((batch, width), dtype=torch.long)
-    position_ids = torch.zeros((batch, width), dtype=torch.long)
-    allowed = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)  # padding rows: self only (finite)
-    decision = torch.empty(batch, dtype=torch.long)
-    for b, s in enumerate(states):
-        n = s.length
-        tokens = list(s.prefix) + list(s.draft_block) + list(s.target_block) + [s.draft_block[0]]
-        input_ids[b, :n] = torch.tensor(tokens, dtype=torch.long)
-        position_ids[b, :n] = hybrid_positions(len(s.prefix), len(s.draft_block), len(s.target_block))
-        allowed[b, :n, :n] = hybrid_mask(len(s.prefix), len(s.draft_block), len(s.target_block))
-        decision[b] = n - 1
-    return ArbitratorBatch(input_ids.to(device), position_ids.to(device), allowed.to(device), decision.to(device))
+    rows = [state_tokens(s) + [0] * (width - s.length) for s in states]
+    input_ids = torch.tensor(rows, dtype=torch.long).to(device)
+    positions, allowed, decision = hybrid_layout(state_lengths(states).to(device), width)
+    return ArbitratorBatch(input_ids, positions, allowed, decision)
 
 
 class Arbitrator(torch.nn.Module):

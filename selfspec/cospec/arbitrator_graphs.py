@@ -10,10 +10,14 @@ tokens) did not finish in 270 s, and the eval did not finish one task in 16 minu
 launch.
 
 How: states are right-padded to a width bucket (64, 128, …): padding keys are invisible
-and padding queries attend only to themselves (`build_batch`'s rule), so the real rows see
-exactly what they see unpadded; only float reduction order may differ. One static set of
-input buffers and one graph per bucket, captured on first use (all buckets up to the
-needed one, so no capture lands in the middle of a timed run twice). The graph reads the
+and padding queries attend only to themselves (`hybrid_layout`'s rule), so the real rows
+see exactly what they see unpadded; only float reduction order may differ. One static
+input buffer per bucket — the padded token ids and the three block lengths, one host-to-
+device copy per decision — and one graph per bucket, captured when the policy is built
+(all buckets up to the widest state it can make). The graph builds positions and the
+[W, W] hybrid mask on the GPU from the lengths: building them on the host cost ~110 ms
+per decision on the H200 machine (session 5: multi-threaded CPU ops on [576, 576] tensors
+while other processes kept the cores busy), which erased what the graph saved. The graph reads the
 LoRA and head parameters in place, so RL's in-place optimizer steps are seen by later
 replays. Batches of several states, training-mode forwards (dropout), CPU tensors and
 widths above the largest bucket run eagerly as before.
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from selfspec.cospec.arbitrator import ArbitrationState, ArbitratorBatch, build_batch
+from selfspec.cospec.arbitrator import ArbitrationState, ArbitratorBatch, hybrid_layout, state_tokens
 from selfspec.engine.static_forward import capture_graph
 
 if TYPE_CHECKING:
@@ -41,9 +45,13 @@ WIDTH_BUCKETS: tuple[int, ...] = (64, 128, 256, 384, 512, 576, 640, 768, 1024, 1
 
 @dataclass
 class _Captured:
-    batch: ArbitratorBatch  # static input buffers, width = bucket
+    packed: torch.Tensor  # [W + 3] long static input: padded token ids, then (P, D, T)
     logits: torch.Tensor  # [1] static output
     graph: torch.cuda.CUDAGraph | None
+
+    @property
+    def width(self) -> int:
+        return self.packed.shape[0] - 3
 
 
 class ArbitratorGraphs:
@@ -72,12 +80,12 @@ class ArbitratorGraphs:
         if entry is None:
             self.prepare(width)
             entry = self.captured[width]
-        padded = build_batch([state], "cpu", width=width)
-        for static, value in zip(
-            (entry.batch.input_ids, entry.batch.position_ids, entry.batch.allowed, entry.batch.decision_index),
-            (padded.input_ids, padded.position_ids, padded.allowed, padded.decision_index),
-        ):
-            static.copy_(value, non_blocking=True)
+        tokens = state_tokens(state)
+        host = torch.tensor(
+            tokens + [0] * (width - len(tokens)) + [len(state.prefix), len(state.draft_block), len(state.target_block)],
+            dtype=torch.long,
+        )
+        entry.packed.copy_(host)
         if entry.graph is not None:
             entry.graph.replay()
         else:
@@ -94,9 +102,10 @@ class ArbitratorGraphs:
                 self.captured[b] = self._build(b)
 
     def _build(self, width: int) -> _Captured:
-        empty = ArbitrationState(prefix=(0,) * max(width - 3, 0), draft_block=(0,), target_block=(0,))
-        template = build_batch([empty], self.device, width=width)
-        entry = _Captured(template, torch.zeros(1, device=self.device), None)
+        # A valid placeholder state (P = width - 3, D = T = 1) for the warm-up and capture runs.
+        packed = torch.zeros(width + 3, dtype=torch.long, device=self.device)
+        packed[width:] = torch.tensor([width - 3, 1, 1])
+        entry = _Captured(packed, torch.zeros(1, device=self.device), None)
         if not self.capture:
             return entry
         start = time.perf_counter()
@@ -114,8 +123,11 @@ class ArbitratorGraphs:
         arbitrator = self._arbitrator()
         if arbitrator is None:
             raise RuntimeError("the arbitrator these graphs belong to is gone")
+        width = entry.width
+        input_ids = entry.packed[:width].view(1, width)
+        positions, allowed, decision = hybrid_layout(entry.packed[width:].view(1, 3), width)
         with torch.inference_mode():
-            entry.logits.copy_(arbitrator(entry.batch))
+            entry.logits.copy_(arbitrator(ArbitratorBatch(input_ids, positions, allowed, decision)))
 
     def stats(self) -> dict:
         return {

@@ -26,6 +26,17 @@ cospec_app = typer.Typer(
 
 
 
+def parse_draft_lengths(value: str) -> tuple[int, ...]:
+    """A comma list of draft lengths in [1, 64] ('' = none; ValueError otherwise)."""
+    try:
+        lengths = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--sps-k must be a comma list of integers, got {value!r}") from None
+    if any(not 1 <= k <= 64 for k in lengths):
+        raise ValueError(f"--sps-k values must lie in [1, 64], got {value!r}")
+    return lengths
+
+
 def parse_thresholds(value: str) -> tuple[float, ...]:
     """A comma list of thresholds in [0, 1] (ValueError otherwise)."""
     try:
@@ -56,6 +67,7 @@ def eval_command(
     seed: int = typer.Option(HELDOUT_SEED, "--seed", help="Held-out stream (thinker training used seed 0, which is refused)."),
     thresholds: str = typer.Option(",".join(f"{t:g}" for t in DEFAULT_THRESHOLDS), "--thresholds", help="Comma list of CoSpec thresholds λ in [0, 1]."),
     k: int = typer.Option(DEFAULT_K, "--k", min=1, max=64, help="Draft tokens per round."),
+    sps_k: str = typer.Option("", "--sps-k", help="Comma list of further SpS draft lengths to measure beside --k (e.g. 2,3,4; rows sps@kN)."),
     max_tokens: int = typer.Option(2048, "--max-tokens", min=1, help="Generated tokens per item (thinking + answer)."),
     counterfactual_states: int = typer.Option(8, "--counterfactual-states", min=0, help="Mismatch states per task continued both ways for the agreement diagnostic (0: off)."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
@@ -80,6 +92,7 @@ def eval_command(
             seed=seed,
             thresholds=parse_thresholds(thresholds),
             k=k,
+            sps_k=parse_draft_lengths(sps_k),
             max_tokens=max_tokens,
             counterfactual_states=counterfactual_states,
             warmup=warmup,

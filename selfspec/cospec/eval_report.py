@@ -30,7 +30,7 @@ def _mode_name(row: dict[str, Any]) -> str:
     if row["mode"] == "target":
         return "target only"
     if row["mode"] == "sps":
-        return "SpS (lossless)"
+        return f"SpS K={row['k']} (lossless)" if row.get("k") else "SpS (lossless)"
     if row["mode"] == "draft":
         return "draft model alone (not the target)"
     return f"CoSpec λ={row['threshold']:g} **LOSSY**"
@@ -144,7 +144,7 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
             if row["mode"] == "target":
                 axis.scatter([x], [y], marker="o", color="black", zorder=3, label="target only")
             elif row["mode"] == "sps":
-                axis.scatter([x], [y], marker="s", color="tab:blue", zorder=3, label="SpS (lossless)")
+                axis.scatter([x], [y], marker="s", color="tab:blue" if not row.get("k") else "tab:cyan", zorder=3, label=_mode_name(row))
             elif row["mode"] == "draft":
                 axis.scatter([x], [y], marker="x", color="tab:gray", zorder=3, label="draft alone")
         cospec = sorted((r for r in summary if r["mode"] == "cospec"), key=lambda r: r["threshold"])

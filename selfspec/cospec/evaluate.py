@@ -68,6 +68,10 @@ class CoSpecEvalConfig:
     # Also run the draft model alone: which items it solves that the target does not
     # (complementarity, the oracle union) is what CoSpec's score gain can come from.
     draft_alone: bool = True
+    # SpS at other draft lengths beside `k` (e.g. 2, 3, 4): on a small target the draft's
+    # steps are not cheap (8 of 30 layers cost ~1/3 of a target step on the H200, launch-
+    # bound), so the best SpS K is small and differs from the K the arbitrator runs with.
+    sps_k: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -79,6 +83,8 @@ class CoSpecEvalConfig:
             raise ValueError(f"thresholds must lie in [0, 1], got {bad}")
         if not 1 <= self.k <= 64:
             raise ValueError(f"k must be in [1, 64], got {self.k}")
+        if any(not 1 <= k <= 64 for k in self.sps_k):
+            raise ValueError(f"sps_k values must be in [1, 64], got {list(self.sps_k)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.counterfactual_states < 0:
@@ -94,6 +100,7 @@ class Mode:
 
     name: str  # "target" | "sps" | "cospec" | "draft" (the draft model alone)
     threshold: float | None = None
+    k: int | None = None  # SpS only: a draft length other than the eval's K
 
     @property
     def lossy(self) -> bool:
@@ -103,6 +110,8 @@ class Mode:
     def label(self) -> str:
         if self.name == "draft":
             return "draft-alone"
+        if self.name == "sps" and self.k is not None:
+            return f"sps@k{self.k}"
         if self.name != "cospec":
             return self.name
         return "cospec-probe" if self.threshold is None else f"cospec@{self.threshold:g}"
@@ -110,7 +119,8 @@ class Mode:
 
 def modes_for(config: CoSpecEvalConfig, with_arbitrator: bool) -> list[Mode]:
     """target, SpS, the draft alone (if configured), then CoSpec per threshold (only with an arbitrator)."""
-    modes = [Mode("target"), Mode("sps")] + ([Mode("draft")] if config.draft_alone else [])
+    modes = [Mode("target"), Mode("sps")] + [Mode("sps", k=k) for k in config.sps_k if k != config.k]
+    modes += [Mode("draft")] if config.draft_alone else []
     if with_arbitrator:
         modes += [Mode("cospec", t) for t in config.thresholds]
     return modes
@@ -123,7 +133,7 @@ def spec_for(mode: Mode, config: CoSpecEvalConfig, arbitrator: Any, recorder: Ca
     if mode.name in ("target", "draft"):
         return None
     if mode.name == "sps":
-        return SpeculationConfig(method="draft", num_speculative_tokens=config.k)
+        return SpeculationConfig(method="draft", num_speculative_tokens=mode.k or config.k)
     return CoSpecConfig(
         num_speculative_tokens=config.k,
         threshold=mode.threshold if mode.threshold is not None else NEVER_KEEP,
@@ -305,6 +315,7 @@ def summarize(records: Sequence[dict[str, Any]], modes: Sequence[Mode], task: st
                 "mode": mode.name,
                 "label": mode.label,
                 "threshold": mode.threshold,
+                "k": mode.k or None,
                 "lossy": mode.lossy or any(r["lossy"] for r in mine),
                 "items": len(mine),
                 "accuracy": _mean([float(r["passed"]) for r in mine]),

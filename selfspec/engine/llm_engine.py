@@ -22,6 +22,7 @@ from selfspec.engine.policy import SequencePolicy
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
+from selfspec.engine.host_threads import limit_host_threads
 from selfspec.spec.proposal import Proposal
 from selfspec.spec.verifiers import VerifyResult
 from selfspec.spec.verifiers import (
@@ -108,6 +109,8 @@ class Engine:
         if max_len > model_ctx:
             raise ValueError(f"max_len={max_len} exceeds the model's context of {model_ctx} positions")
         device = next(model.parameters()).device
+        # Host ops between GPU launches stay on one thread: see `host_threads`.
+        self.host_threads = limit_host_threads(device)
         if self.config.num_slots == 0:
             self.config.num_slots = slots_from_free_memory(model, max_len, device, self.config.memory_fraction)
         padding = self.config.max_padding_ratio
