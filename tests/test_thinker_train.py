@@ -113,6 +113,31 @@ def test_collate_labels_are_next_tokens_of_the_target_only():
     ]
 
 
+def test_early_answer_examples_cut_the_cot_and_train_only_the_answer(tokenizer):
+    """An early-answer copy is prompt + CoT[:cut] + close + the full answer + EOS, with the
+    loss on the answer and EOS only (never on the cut CoT or the close marker); seeded."""
+    from selfspec.thinker.train import early_answer_examples, encode_items
+
+    fmt = ThinkingFormat.detect(tokenizer, kind="prompted")
+    examples = encode_items(tokenizer, fmt, _toy_data(4).items())
+    close = len(fmt.close_ids)
+    early = early_answer_examples(examples, close, 0.5, seed=3)
+    assert len(early) == round(0.5 * len([e for e in examples if e.cot_len >= 8])) > 0
+    assert early == early_answer_examples(examples, close, 0.5, seed=3)
+    assert early_answer_examples(examples, close, 0.0, seed=3) == []
+    for e in early:
+        source = next(x for x in examples if x.input_ids[: e.prompt_len + e.cot_len] == e.input_ids[: e.prompt_len + e.cot_len] and x.cot_len > e.cot_len)
+        tail = source.input_ids[source.prompt_len + source.cot_len :]  # close + answer + EOS
+        assert e.input_ids[e.prompt_len + e.cot_len :] == tail
+        assert list(tail[:close]) == list(fmt.close_ids)
+        assert e.target_start == e.prompt_len + e.cot_len + close
+        _, labels = collate([e], pad_id=0)
+        trained = [i for i, label in enumerate(labels[0].tolist()) if label != IGNORE_INDEX]
+        assert trained[0] == e.target_start - 1 and len(trained) == len(e) - e.target_start
+    with pytest.raises(ValueError, match="share"):
+        early_answer_examples(examples, close, 1.5, seed=0)
+
+
 def test_batches_cover_every_example_once_within_budget_and_reshuffle():
     lengths = [((i * 37) % 90) + 10 for i in range(200)]
     first = plan_batches(lengths, 400, seed=3, epoch=0)
@@ -391,12 +416,13 @@ def test_cli_trains_on_the_built_in_v2_data(tiny_dir, tmp_path):
             "train", "--out", str(out), "--base", str(tiny_dir), "--families", ",".join(V2_FAMILIES),
             "--data-version", "thinker-data-v2", "--items-per-family", "1", "--max-steps", "2", "--epochs", "2",
             "--max-len", "4096", "--tokens-per-batch", "8192", "--lora-r", "2", "--lora-alpha", "4",
-            "--heldout-items-per-family", "1", "--device", "cpu", "--no-progress",
+            "--heldout-items-per-family", "1", "--device", "cpu", "--no-progress", "--early-answer-share", "0.5",
         ],
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "selfspec_adapter.json").read_text())
     assert manifest["data_version"] == "thinker-data-v2" and "--data-version thinker-data-v2" in manifest["command"]
+    assert manifest["train_config"]["early_answer_share"] == 0.5 and "early-answer" in result.output
     knobs = manifest["train_config"]["data"]["knobs"]
     assert knobs["record_extraction"]["version"] == knobs["route_finding"]["version"] == 2
     assert manifest["training"]["steps"] == 2 and not manifest["training"]["dropped"]

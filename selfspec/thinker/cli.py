@@ -100,6 +100,7 @@ def train(
     lora_r: int = typer.Option(16, min=1),
     lora_alpha: int = typer.Option(32, min=1),
     lora_dropout: float = typer.Option(0.0, min=0.0, max=1.0),
+    early_answer_share: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of examples also trained with the CoT cut at 10-90% and closed, loss on the answer only (what SSR's drafts see)."),
     heldout_items_per_family: int = typer.Option(8, min=0, help="Held-out items per family for the loss before/after."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("auto", help="float32 | bfloat16 (auto: bf16 on CUDA, fp32 on CPU)."),
@@ -131,6 +132,7 @@ def train(
         save_dtype=save_dtype,
         max_steps=max_steps,
         time_budget_s=time_budget_s,
+        early_answer_share=early_answer_share,
     )
     command = _command_line(ctx)
     typer.echo(f"$ {command}")

@@ -184,14 +184,24 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class Example:
-    """One tokenized trace: `input_ids` = prompt + target; loss on positions >= `prompt_len`."""
+    """One tokenized trace: `input_ids` = prompt + CoT + close marker + answer + EOS.
+
+    The loss covers positions >= `target_start`: the whole target (`prompt_len`), or only
+    the answer for an early-answer example (`early_answer_examples`).
+    """
 
     input_ids: tuple[int, ...]
     prompt_len: int
     family: str
+    cot_len: int = 0  # CoT tokens right after the prompt (the close marker follows them)
+    loss_start: int | None = None  # None: the target starts at prompt_len
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def target_start(self) -> int:
+        return self.prompt_len if self.loss_start is None else self.loss_start
 
 
 def _split_target(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> tuple[str, bool, str, str]:
@@ -236,9 +246,47 @@ def encode_items(tokenizer: Any, fmt: ThinkingFormat, items: Sequence[TaskItem])
     answers = _batch_encode(tokenizer, [p[3] for p in parts])
     close, eos = list(fmt.close_ids), int(tokenizer.eos_token_id)
     return [
-        Example(tuple(prompt + head + close + answer + [eos]), len(prompt), item.family)
+        Example(tuple(prompt + head + close + answer + [eos]), len(prompt), item.family, cot_len=len(head))
         for item, prompt, head, answer in zip(items, prompts, heads, answers)
     ]
+
+
+def early_answer_examples(
+    examples: Sequence[Example],
+    close_len: int,
+    share: float,
+    seed: int,
+    fractions: tuple[float, float] = (0.1, 0.9),
+) -> list[Example]:
+    """Extra examples whose thinking is cut early and closed, followed by the full answer.
+
+    Why: SSR's draft is the model's answer after its CoT was cut at the draft budget and
+    closed. A thinker trained only on whole CoTs has never seen that state, and its drafts
+    run on or loop (v2 at 0-25% of the CoT: 28-46 of 80 drafts hit the draft cap). Reasoning
+    models that serve people are trained for it (a thinking budget that closes the CoT and
+    asks for the answer now); these examples teach the same. The loss covers only the
+    answer and EOS, never the cut CoT or its close marker, so the model does not learn to
+    close its thinking early: what it learns is what to answer once thinking was closed.
+
+    `share` of the examples (a seeded choice, at least 8 CoT tokens) get one copy cut at a
+    uniform fraction of their CoT in `fractions`.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"early-answer share must lie in [0, 1], got {share}")
+    low, high = fractions
+    if not 0.0 <= low <= high < 1.0:
+        raise ValueError(f"early-answer fractions must satisfy 0 <= low <= high < 1, got {fractions}")
+    rng = random.Random(f"early-answer:{seed}")
+    eligible = [i for i, e in enumerate(examples) if e.cot_len >= 8]
+    chosen = sorted(rng.sample(eligible, round(share * len(eligible)))) if share > 0 else []
+    out = []
+    for i in chosen:
+        e = examples[i]
+        cut = max(1, min(e.cot_len - 1, round(rng.uniform(low, high) * e.cot_len)))
+        head_end = e.prompt_len + e.cot_len
+        ids = e.input_ids[: e.prompt_len + cut] + e.input_ids[head_end:]
+        out.append(Example(ids, e.prompt_len, e.family, cot_len=cut, loss_start=e.prompt_len + cut + close_len))
+    return out
 
 
 def encode_example(tokenizer: Any, fmt: ThinkingFormat, item: TaskItem) -> Example:
@@ -294,7 +342,7 @@ def collate(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, tor
         ids = torch.tensor(example.input_ids, dtype=torch.long)
         input_ids[row, : len(ids)] = ids
         # Position t predicts token t + 1: the labels are the ids shifted left by one.
-        labels[row, example.prompt_len - 1 : len(ids) - 1] = ids[example.prompt_len :]
+        labels[row, example.target_start - 1 : len(ids) - 1] = ids[example.target_start :]
     return input_ids, labels
 
 
@@ -459,6 +507,9 @@ class TrainConfig:
     max_steps: int | None = None  # cap on optimizer steps (the cosine schedule ends there)
     time_budget_s: float | None = None  # fit the step count to this budget (see `fit_steps`)
     log_every: int = 10
+    # Share of training examples that also appear with the CoT cut and closed, loss on the
+    # answer only (`early_answer_examples`): drafts from a partial CoT, as SSR makes them.
+    early_answer_share: float = 0.0
 
     def describe(self) -> dict[str, Any]:
         data = asdict(self)
@@ -547,6 +598,8 @@ def train_thinker(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     examples, dropped = encode_examples(tokenizer, fmt, config.data.items(), config.max_len)
+    early = early_answer_examples(examples, len(fmt.close_ids), config.early_answer_share, config.seed)
+    examples += early
     heldout_spec = DataSpec(
         config.data.families, config.heldout_seed, config.heldout_items_per_family, config.data.knobs
     )
@@ -555,7 +608,7 @@ def train_thinker(
     if not examples:
         raise ValueError(f"no training example fits max_len={config.max_len}")
     log(
-        f"data {config.data.version}: {len(examples)} examples "
+        f"data {config.data.version}: {len(examples)} examples ({len(early)} of them early-answer) "
         f"({sum(dropped.values())} over {config.max_len} tokens dropped: {dropped or 'none'}), "
         f"{sum(len(e) for e in examples)} tokens, built in {data_seconds:.1f}s"
     )
