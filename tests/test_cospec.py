@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +123,28 @@ def test_sliding_window_family_gets_the_hybrid_mask_too(tok):
     torch.testing.assert_close(hidden[0, 12:15], hidden[1, 12:15])
     probs = arbitrator.keep_probability([state, other_draft])
     assert ((probs >= 0) & (probs <= 1)).all()
+
+
+def test_arbitrator_of_a_fused_draft_runs_its_own_modules(tok):
+    """On a GPU the engine fuses the target (closures over the original modules): the
+    arbitrator's backbone copy drops them, so LoRA wraps what actually runs."""
+    from selfspec.engine.fusion import compile_pointwise_modules
+
+    target = tiny_model("llama", len(tok), seed=5, num_layers=2)
+    plain = Arbitrator.from_draft(shallow_draft(target, 1), seed=3)
+    fused_target = copy.deepcopy(target)
+    compile_pointwise_modules(fused_target, backend="aot_eager")
+    fused = Arbitrator.from_draft(shallow_draft(fused_target, 1), seed=3)
+    assert not any(getattr(m.__dict__.get("forward"), "_selfspec_fused", False) for m in fused.backbone.modules())
+    with torch.no_grad():
+        for name, param in fused.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.1)  # a LoRA that is bypassed would not change the output
+        for name, param in plain.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.1)
+    state = ArbitrationState(prefix=(3, 4, 5, 6), draft_block=(7, 8), target_block=(9, 10, 11))
+    torch.testing.assert_close(fused.keep_logits([state]), plain.keep_logits([state]), rtol=1e-5, atol=1e-5)
 
 
 def test_head_is_a_probability_and_lora_leaves_the_target_alone(llm, arbitrator):

@@ -200,8 +200,13 @@ class Arbitrator(torch.nn.Module):
         """A fresh arbitrator on a copy of `draft`'s decoder (LoRA B = 0: starts at the backbone)."""
         from peft import LoraConfig, inject_adapter_in_model
 
+        from selfspec.engine.fusion import strip_fusion
+
         lora = lora or LoraSettings()
         backbone = copy.deepcopy(draft.model)
+        # A fused draft's forwards are closures over the draft's own modules: the copy must run
+        # its own (LoRA-wrapped) modules, or an adapter on a fused projection would be bypassed.
+        strip_fusion(backbone)
         backbone.requires_grad_(False)
         hidden = int(draft.config.get_text_config().hidden_size if hasattr(draft.config, "get_text_config") else draft.config.hidden_size)
         dtype = next(backbone.parameters()).dtype

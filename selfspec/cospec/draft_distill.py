@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from selfspec.engine.fusion import strip_fusion
 from selfspec.models.thinking import ThinkingFormat
 from selfspec.spec.draft_model import shallow_draft
 
@@ -75,20 +76,9 @@ def own_layers_draft(target: torch.nn.Module, num_layers: int) -> torch.nn.Modul
     then cannot change the target."""
     draft = shallow_draft(target, num_layers)
     layers = copy.deepcopy(draft.model.layers)
-    _strip_fusion(layers)
+    strip_fusion(layers)
     draft.model.layers = layers
     return draft
-
-
-def _strip_fusion(module: torch.nn.Module) -> None:
-    """Undo `engine.fusion` on a deep copy: instance `forward` overrides are closures over
-    the *original* modules (copied by reference), and the `_fused_*` buffers are stale
-    copies; the class forward then runs the copy's own (independent, cloned) weights."""
-    for sub in module.modules():
-        sub.__dict__.pop("forward", None)
-        for name in [n for n in sub._buffers if n.startswith("_fused_")]:
-            del sub._buffers[name]
-            sub._non_persistent_buffers_set.discard(name)
 
 
 def _is_fused(model: torch.nn.Module) -> bool:

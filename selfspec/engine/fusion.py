@@ -99,6 +99,21 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     return sorted(wrapped)
 
 
+def strip_fusion(module: torch.nn.Module) -> None:
+    """Undo `compile_pointwise_modules` on a deep copy of (part of) a fused model.
+
+    The instance `forward` overrides are closures over the *original* modules (deepcopy copies
+    functions by reference), so a copy would run the original's weights; the `_fused_*`
+    buffers are stale copies. Afterwards the class forwards run the copy's own weights
+    (the distilled draft's layer copies, the arbitrator's backbone).
+    """
+    for sub in module.modules():
+        sub.__dict__.pop("forward", None)
+        for name in [n for n in sub._buffers if n.startswith("_fused_")]:
+            del sub._buffers[name]
+            sub._non_persistent_buffers_set.discard(name)
+
+
 # ---------------------------------------------------------------------------------- projections
 def _share_concatenated(owner: torch.nn.Module, name: str, linears: list[torch.nn.Linear]) -> None:
     """Concatenate the linears' weights into `owner._fused_<name>` and make each weight a view.
