@@ -144,8 +144,13 @@ def test_build_prompt_ids_raw_without_template():
     assert fmt.kind == "prompted"
     assert tokenizer.decode(build_prompt_ids(tokenizer, "the answer", fmt, enable_thinking=False)) == "the answer"
     assert tokenizer.decode(build_prompt_ids(tokenizer, "the answer", fmt)) == "the answer\n<think>\n"
-    with pytest.raises(ValueError, match="chat template"):
-        build_prompt_ids(tokenizer, [{"role": "user", "content": "x"}], fmt)
+    # Messages (what benchmarks and the server send) become plain text for a base model.
+    one = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the answer"}]
+    assert tokenizer.decode(build_prompt_ids(tokenizer, one, fmt, enable_thinking=False)) == "Be brief.\n\nthe answer"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "sum?"}]
+    assert tokenizer.decode(build_prompt_ids(tokenizer, chat, fmt)) == "User: hi\n\nAssistant: hello\n\nUser: sum?\n\nAssistant:\n<think>\n"
+    with pytest.raises(ValueError, match="unknown role"):
+        build_prompt_ids(tokenizer, [{"role": "wizard", "content": "x"}], fmt)
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,24 @@ def _normalize_messages(messages: Sequence[dict]) -> list[dict]:
     return normalized
 
 
+def plain_transcript(messages: Sequence[dict]) -> str:
+    """A conversation as plain text, for a model without a chat template (a base model).
+
+    Why: base models (e.g. Gemma-3-270M) ship no template, yet benchmarks and the server
+    speak in messages. A lone user message becomes its own text — how base models are
+    prompted on HumanEval-style completion tasks — after any system text; a longer
+    conversation becomes a "User: …" / "Assistant: …" transcript ending in "Assistant:".
+    """
+    normalized = _normalize_messages(messages)
+    system = "\n\n".join(m["content"] for m in normalized if m["role"] in ("system", "developer"))
+    turns = [m for m in normalized if m["role"] not in ("system", "developer")]
+    if len(turns) == 1 and turns[0]["role"] == "user":
+        body = turns[0]["content"]
+    else:
+        body = "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in turns) + "\n\nAssistant:"
+    return f"{system}\n\n{body}" if system else body
+
+
 def build_prompt_text(
     tokenizer: Any,
     prompt: str | Sequence[dict],
@@ -242,7 +260,8 @@ def build_prompt_text(
     """The prompt as text, and whether the tokenizer should add its own special tokens.
 
     Chat-templated prompts carry their special tokens (BOS included) in the text; raw
-    prompts (no chat template) get the tokenizer's usual ones.
+    prompts (no chat template: a string as given, messages via `plain_transcript`) get the
+    tokenizer's usual ones.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -254,9 +273,7 @@ def build_prompt_text(
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         raw = False
     else:
-        if not isinstance(prompt, str):
-            raise ValueError("the tokenizer has no chat template; pass the prompt as a string")
-        text, raw = prompt, True
+        text, raw = (prompt if isinstance(prompt, str) else plain_transcript(prompt)), True
 
     if fmt.kind == "prompted" and enable_thinking:
         separator = "" if (not text or text[-1].isspace()) else "\n"
@@ -279,7 +296,7 @@ def build_prompt_ids(
 
     Applies the chat template (generation prompt on; `enable_thinking` passed to
     templates that read it); a plain string becomes one user message, or is tokenized
-    raw when the tokenizer has no template. Prompted formats get the start marker
+    raw when the tokenizer has no template (messages then go through `plain_transcript`). Prompted formats get the start marker
     appended so the model thinks first; with thinking disabled a template that always
     opens thinking gets an empty, closed block. Raises ValueError on empty prompts or
     messages and unknown roles.
