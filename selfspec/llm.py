@@ -68,14 +68,38 @@ class LLM:
     ) -> None:
         from selfspec.models import load_model
 
+        loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
+        self._from_loaded(
+            loaded, engine_config, thinking_format, think_start, think_end, draft,
+            device=device, dtype=dtype, cache_dir=cache_dir,
+        )
+
+    @classmethod
+    def from_loaded(
+        cls,
+        loaded,
+        *,
+        engine_config: EngineConfig | None = None,
+        thinking_format: ThinkingFormat | None = None,
+        draft: str | None = None,
+    ) -> "LLM":
+        """An LLM over an already loaded model (`selfspec.models.load_model`'s result).
+
+        Why: a caller may need the tokenizer before it can size the engine — the benchmark
+        fits `max_len` to its longest prompt — without loading the weights twice.
+        """
+        self = cls.__new__(cls)
+        self._from_loaded(loaded, engine_config, thinking_format, None, None, draft, device=loaded.device, dtype=loaded.dtype)
+        return self
+
+    def _from_loaded(self, loaded, engine_config, thinking_format, think_start, think_end, draft, **draft_load) -> None:
         from selfspec.models.registry import get_model_entry
 
-        loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
         if thinking_format is None and think_start is None and think_end is None:
             thinking_format = loaded.thinking  # honours a registry entry's marker overrides
         self._init(loaded.model, loaded.tokenizer, engine_config, thinking_format, think_start, think_end)
         self.model_name = loaded.name
-        entry = get_model_entry(loaded.name) if isinstance(model, str) else None
+        entry = get_model_entry(loaded.name)
         # A packaged adapter was trained to think (e.g. smollm2-thinker): think unless told not to.
         self.thinks_by_default = entry is not None and entry.adapter_dir is not None
         if entry is not None and entry.end_of_turn_tokens and self.tokenizer is not None:
@@ -83,7 +107,7 @@ class LLM:
             extra = {vocab[t] for t in entry.end_of_turn_tokens if t in vocab}
             self.engine.eos_token_ids = frozenset(self.engine.eos_token_ids | extra)
         if draft is not None:
-            self.set_draft(draft, device=device, dtype=dtype, cache_dir=cache_dir)
+            self.set_draft(draft, **draft_load)
 
     @classmethod
     def from_model(

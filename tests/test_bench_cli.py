@@ -100,3 +100,44 @@ def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path)
     text = (rep / "report.md").read_text()
     assert "## Concurrency check" in text and "concurrency 1 vs 2, 2 common samples" in text
     assert "| prefix+suffix | " in text.split("## Concurrency check")[1]
+
+
+def test_samples_that_cannot_fit_the_context_are_skipped_and_reported(bench_run, tmp_path: Path):
+    """Prompt + CoT cap + answer cap beyond the model's context (4096 for the tiny model): the
+    sample is recorded as skipped, once, the run does not abort, and the report names it."""
+    _, _, root = bench_run
+    out = tmp_path / "s.jsonl"
+    args = ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", "baseline",
+            "--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "4080", "--out", str(out)]
+    for _ in range(2):  # a rerun neither repeats the skip records nor fails
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        assert "2 of 2 samples skipped" in " ".join(result.output.split())
+    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert [(r["sample_id"], r["mode"]) for r in records] == [("HumanEval/0", "skipped"), ("HumanEval/1", "skipped")]
+    assert all(r["context"] == 4096 and r["needed_tokens"] > 4096 and r["prompt_tokens"] > 0 for r in records)
+    rep = tmp_path / "rep"
+    result = CliRunner().invoke(app, ["bench", "report", str(out), "--out-dir", str(rep)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    text = (rep / "report.md").read_text()
+    assert "no sample fits" in text and "**Skipped: 2 samples**" in text and "HumanEval/1" in text
+
+
+def test_context_fit_sizes_the_engine_to_the_longest_runnable_sample():
+    from selfspec.bench.context_fit import CLOSE_MARGIN, fit_to_context
+    from selfspec.bench.datasets.sample import BenchSample, user_message
+    from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
+    from selfspec.testing.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    fmt = ThinkingFormat.detect(tok)
+    samples = [BenchSample(f"s/{n}", "s", user_message("word " * n)) for n in (5, 40, 400)]
+    lengths = [len(build_prompt_ids(tok, s.messages, fmt)) for s in samples]
+    context = lengths[1] + 100 + 50 + CLOSE_MARGIN  # the middle sample fits exactly
+    fit = fit_to_context(samples, tok, fmt, context, cot_cap=100, answer_cap=50)
+    assert [s.id for s in fit.runnable] == ["s/5", "s/40"] and fit.max_len == context
+    assert [s["sample_id"] for s in fit.skipped] == ["s/400"] and fit.skipped[0]["prompt_tokens"] == lengths[2]
+    short = fit_to_context(samples[:1], tok, fmt, 10_000, cot_cap=100, answer_cap=50)
+    assert short.max_len == lengths[0] + 100 + 50 + CLOSE_MARGIN and not short.skipped
+    none = fit_to_context(samples[2:], tok, fmt, context, cot_cap=100, answer_cap=50)
+    assert not none.runnable and none.max_len == 100 + 50 + CLOSE_MARGIN + 1  # nothing runs: the budgets' room

@@ -57,7 +57,7 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     from selfspec.bench.datasets import load_benchmark
-    from selfspec.bench.runner import mismatches, run_bench
+    from selfspec.bench.runner import mismatches, record_skipped, run_bench
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
     from selfspec.ssr.config import SuffixOptions
@@ -92,9 +92,23 @@ def bench(
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
     num_slots = max(num_slots, 3 * concurrency)
-    # Room for the prompt (up to 4096 tokens) + CoT + answer, within the model's context.
-    engine_config = EngineConfig(num_slots=num_slots, max_len=cot_cap + cap + 4096, clamp_max_len=True)
-    llm = LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft)
+    from selfspec.bench.context_fit import fit_to_context
+    from selfspec.engine.llm_engine import model_context_length
+    from selfspec.models import load_model
+
+    loaded = load_model(model, device=device, dtype=dtype)
+    # The engine gets the room the longest sample needs; samples that cannot fit the model's
+    # context at these budgets are skipped and recorded (`context_fit`).
+    fit = fit_to_context(samples, loaded.tokenizer, loaded.thinking, model_context_length(loaded.model.config), cot_cap, cap)
+    if fit.skipped:
+        console.print(
+            f"[yellow]{len(fit.skipped)} of {len(samples)} samples skipped:[/] prompt + CoT cap ({cot_cap}) + answer cap "
+            f"({cap}) exceed {loaded.name}'s context of {fit.context} tokens "
+            f"({', '.join(s['sample_id'] for s in fit.skipped[:5])}{', …' if len(fit.skipped) > 5 else ''})"
+        )
+    samples = fit.runnable
+    engine_config = EngineConfig(num_slots=num_slots, max_len=fit.max_len, clamp_max_len=True)
+    llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {
         "device": device if device == "cpu" else _gpu_name(),
         "dtype": dtype,
@@ -103,7 +117,8 @@ def bench(
         "versions": _versions(),
     }
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
-    records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta)
+    record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)
+    records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta) if samples else []
     if check_exact:
         bad = mismatches(records)
         if bad:

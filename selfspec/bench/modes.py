@@ -16,6 +16,8 @@ ENGINE_MODES = (
     "baseline", "prefix", "suffix", "prefix+suffix", "ssr+think", "iterative", "suffix-decoding", "prompt-lookup", "sps", "ssr-off",
 )
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
+SKIPPED = "skipped"
+"""The `mode` of a record saying a sample was not run and why (`bench.context_fit`); never a decoding mode."""
 ALL_MODES = ENGINE_MODES + EXTERNAL_MODES
 LOSSLESS = set(ALL_MODES)  # every mode here must reproduce the baseline's greedy tokens
 

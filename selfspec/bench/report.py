@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from selfspec.bench.modes import ALL_MODES
+from selfspec.bench.modes import ALL_MODES, SKIPPED
 
 Record = dict[str, Any]
 
@@ -351,6 +351,21 @@ def _exclusion_sentence(group: Group, excluded: list[str]) -> str:
 # ---------------------------------------------------------------- build
 
 
+def _skipped_by_group(skipped: list[Record]) -> dict[tuple, list[Record]]:
+    out: dict[tuple, list[Record]] = defaultdict(list)
+    for rec in skipped:
+        out[(str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown"), _settings_key(_run_settings(rec)))].append(rec)
+    return dict(out)
+
+
+def _skipped_sentence(entries: list[Record]) -> str:
+    contexts = sorted({r.get("context") for r in entries if r.get("context") is not None})
+    ids = sorted(r["sample_id"] for r in entries)
+    shown = ", ".join(ids[:10]) + (f", … ({len(ids) - 10} more)" if len(ids) > 10 else "")
+    return (f"**Skipped: {len(ids)} samples** whose prompt + CoT cap + answer cap exceed the model's context "
+            f"({', '.join(map(str, contexts))} tokens); they are not in the tables: {shown}.")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")[:60] or "x"
 
@@ -360,7 +375,11 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     from selfspec.bench import plots
 
     records = load_records([Path(p) for p in inputs])
+    skipped = [r for r in records if r["mode"] == SKIPPED]  # samples that did not fit the context
+    records = [r for r in records if r["mode"] != SKIPPED]
     groups = group_records(records)
+    skipped_by_group = _skipped_by_group(skipped)
+    run_keys = {(g.model, g.benchmark, _settings_key(g.settings)) for g in groups}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -382,8 +401,11 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         latency_png = plots.plot_latency_split(group.title, table, out_dir / f"latency_{stem}.png")
         meta = group.meta()
         timing = timing_check(group)
-        md += [f"## {group.title}", "", f"Settings: {_settings_line(group.settings)}", "",
-               markdown_table(table), "", *_timing_lines(timing)]
+        group_skipped = skipped_by_group.get((group.model, group.benchmark, _settings_key(group.settings)), [])
+        md += [f"## {group.title}", "", f"Settings: {_settings_line(group.settings)}", ""]
+        if group_skipped:
+            md += [_skipped_sentence(group_skipped), ""]
+        md += [markdown_table(table), "", *_timing_lines(timing)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
             md += [markdown_table(table_clean), ""]
@@ -398,7 +420,15 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             "n_samples": len({r["sample_id"] for r in group.records}),
             "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
             "meta": meta, "plots": {"latency": latency_png.name}, "timing_check": timing,
+            "skipped": [r["sample_id"] for r in group_skipped],
         })
+    for key, entries in skipped_by_group.items():
+        if key in run_keys:
+            continue
+        model, benchmark, _ = key
+        md += [f"## {model} / {benchmark}: no sample fits", "", _skipped_sentence(entries), ""]
+        summary["groups"].append({"model": model, "benchmark": benchmark, "settings": _run_settings(entries[0]),
+                                  "n_samples": 0, "skipped": [r["sample_id"] for r in entries]})
 
     md += ["## Speedup against draft budget", ""]
     summary["budget_plots"] = []

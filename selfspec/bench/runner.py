@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import torch
 
 from selfspec.bench.datasets import BenchSample
-from selfspec.bench.modes import EXTERNAL_MODES, BenchSettings, spec_for
+from selfspec.bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.policies.thinking import ThinkingLimits
@@ -288,6 +288,25 @@ def _warm_up(llm: LLM, group: list[BenchSample], s: BenchSettings, modes: list[s
             run_engine_mode(llm, group[0], mode, short)
         else:
             run_engine_mode_batch(llm, group, mode, short)
+
+
+def record_skipped(
+    out_path: Path, skipped: list[dict[str, Any]], model: str, settings: BenchSettings, meta: dict[str, Any] | None
+) -> None:
+    """Append one `mode: "skipped"` record per sample that did not fit the context
+    (`context_fit`), unless the file already holds it: the report counts and names them."""
+    if not skipped:
+        return
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    settings_key = json.loads(json.dumps(settings.to_dict()))
+    dtype = (meta or {}).get("dtype")
+    known = {sid for sid, mode in completed_pairs(out_path, model, settings_key, dtype) if mode == SKIPPED}
+    with out_path.open("a") as f:
+        for entry in skipped:
+            if entry["sample_id"] in known:
+                continue
+            record = {**entry, "kind": SKIPPED, "mode": SKIPPED, "model": model, "settings": settings.to_dict(), **(meta or {})}
+            f.write(json.dumps(record) + "\n")
 
 
 def mismatches(records: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:

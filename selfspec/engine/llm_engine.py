@@ -102,7 +102,7 @@ class Engine:
         self.config.validate()
         self.model = model
         self.tokenizer = tokenizer
-        model_ctx = _model_context_length(model.config)
+        model_ctx = model_context_length(model.config)
         max_len = self.config.max_len or min(model_ctx, 4096)
         if self.config.clamp_max_len:
             max_len = min(max_len, model_ctx)
@@ -486,9 +486,11 @@ def _available_host_memory() -> int:
     return 4 * 2**30
 
 
-def _model_context_length(config) -> int:
+def model_context_length(config) -> int:
+    """The model's positions (max_position_embeddings; 4096 when the config names none)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return int(getattr(text, "max_position_embeddings", None) or 4096)
+
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
