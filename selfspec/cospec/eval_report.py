@@ -144,7 +144,10 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
             if row["mode"] == "target":
                 axis.scatter([x], [y], marker="o", color="black", zorder=3, label="target only")
             elif row["mode"] == "sps":
-                axis.scatter([x], [y], marker="s", color="tab:blue" if not row.get("k") else "tab:cyan", zorder=3, label=_mode_name(row))
+                axis.scatter([x], [y], marker="s", color="tab:blue" if not row.get("k") else "tab:cyan", zorder=3,
+                             label="SpS (lossless)" if not row.get("k") else "SpS at other K (lossless)")
+                if row.get("k"):
+                    axis.annotate(f"K={row['k']}", (x, y), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
             elif row["mode"] == "draft":
                 axis.scatter([x], [y], marker="x", color="tab:gray", zorder=3, label="draft alone")
         cospec = sorted((r for r in summary if r["mode"] == "cospec"), key=lambda r: r["threshold"])
@@ -159,7 +162,9 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
         axis.set_ylabel("mean score")
         axis.set_ylim(-0.05, 1.05)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, loc="best")
+        handles, labels = axis.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))  # one entry per kind of point
+        axis.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
     for axis in list(axes.flat)[len(tasks):]:
         axis.axis("off")
     fig.suptitle(f"CoSpec speed–score: {results.meta.get('model', '?')}", fontsize=11)
