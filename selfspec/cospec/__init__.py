@@ -14,6 +14,7 @@ from selfspec.cospec.arbitrator import (
     ArbitratorBatch,
     LoraSettings,
     build_batch,
+    hybrid_layout,
     hybrid_mask,
     hybrid_positions,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "Decision",
     "LoraSettings",
     "build_batch",
+    "hybrid_layout",
     "hybrid_mask",
     "hybrid_positions",
     "load_arbitrator",
