@@ -109,8 +109,8 @@ def test_samples_that_cannot_fit_the_context_are_skipped_and_reported(bench_run,
     out = tmp_path / "s.jsonl"
     args = ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", "baseline",
             "--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "4080", "--out", str(out)]
-    for _ in range(2):  # a rerun neither repeats the skip records nor fails
-        result = CliRunner().invoke(app, args)
+    for extra in ([], [], ["--fresh"]):  # a rerun neither repeats the skip records nor fails; --fresh keeps them
+        result = CliRunner().invoke(app, args + extra)
         assert result.exit_code == 0, result.output + repr(result.exception)
         assert "2 of 2 samples skipped" in " ".join(result.output.split())
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]

@@ -117,8 +117,10 @@ def bench(
         "versions": _versions(),
     }
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
-    record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)
+    if not samples and not resume and Path(out).exists():
+        Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
     records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta) if samples else []
+    record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)  # after run_bench: --fresh clears the file
     if check_exact:
         bad = mismatches(records)
         if bad:
