@@ -235,14 +235,17 @@ class Group:
         return out
 
 
+def _group_key(rec: Record) -> tuple[str, str, str]:
+    """(model, benchmark, settings key): the unit a table is drawn for (`Group`)."""
+    return str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown"), _settings_key(_run_settings(rec))
+
+
 def group_records(records: list[Record]) -> list[Group]:
     groups: dict[tuple, Group] = {}
     for rec in records:
-        model, bench = str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown")
-        settings = _run_settings(rec)
-        key = (model, bench, _settings_key(settings))
+        key = _group_key(rec)
         if key not in groups:
-            groups[key] = Group(model, bench, settings)
+            groups[key] = Group(key[0], key[1], _run_settings(rec))
         groups[key].records.append(rec)
     return sorted(groups.values(), key=lambda g: (g.model, g.benchmark, _settings_key(g.settings)))
 
@@ -354,7 +357,7 @@ def _exclusion_sentence(group: Group, excluded: list[str]) -> str:
 def _skipped_by_group(skipped: list[Record]) -> dict[tuple, list[Record]]:
     out: dict[tuple, list[Record]] = defaultdict(list)
     for rec in skipped:
-        out[(str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown"), _settings_key(_run_settings(rec)))].append(rec)
+        out[_group_key(rec)].append(rec)
     return dict(out)
 
 

@@ -75,35 +75,18 @@ class LoraSettings(BaseModel):
 
 
 def hybrid_mask(prefix_len: int, draft_len: int, target_len: int) -> torch.Tensor:
-    """The boolean [L, L] mask of the module docstring (True = may attend)."""
-    p, d, t = prefix_len, draft_len, target_len
-    length = p + d + t + 1
-    idx = torch.arange(length)
-    q, k = idx.view(-1, 1), idx.view(1, -1)
-    causal = k <= q
-    in_prefix_k = k < p
-    draft_q = (q >= p) & (q < p + d)
-    draft_k = (k >= p) & (k < p + d)
-    target_q = (q >= p + d) & (q < p + d + t)
-    target_k = (k >= p + d) & (k < p + d + t)
-    mask = (q < p) & causal
-    mask |= draft_q & (in_prefix_k | (draft_k & causal))
-    mask |= target_q & (in_prefix_k | (target_k & causal))
-    mask |= q == length - 1
-    return mask
+    """The boolean [L, L] mask of the module docstring (True = may attend): one state of
+    `hybrid_layout`, the single implementation of the rule."""
+    length = prefix_len + draft_len + target_len + 1
+    _, allowed, _ = hybrid_layout(torch.tensor([[prefix_len, draft_len, target_len]]), length)
+    return allowed[0]
 
 
 def hybrid_positions(prefix_len: int, draft_len: int, target_len: int) -> torch.Tensor:
-    """Position ids [L]: both blocks continue the prefix from position P."""
-    p = prefix_len
-    return torch.cat(
-        [
-            torch.arange(p),
-            torch.arange(p, p + draft_len),
-            torch.arange(p, p + target_len),
-            torch.tensor([p + max(draft_len, target_len)]),
-        ]
-    )
+    """Position ids [L]: both blocks continue the prefix from position P (`hybrid_layout`)."""
+    length = prefix_len + draft_len + target_len + 1
+    positions, _, _ = hybrid_layout(torch.tensor([[prefix_len, draft_len, target_len]]), length)
+    return positions[0]
 
 
 @dataclass
@@ -120,8 +103,9 @@ def hybrid_layout(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torc
     """Position ids [B, W], the allowed mask [B, W, W] and the decision index [B] of states
     with block lengths `lengths` [B, 3] = (P, D, T), right-padded to `width`.
 
-    The same rule as `hybrid_mask`/`hybrid_positions`, computed with tensor ops on the
-    lengths' device, so a CUDA graph can build a state's layout from three integers (no
+    The rule of the module docstring, computed with tensor ops on the lengths' device (the
+    scalar `hybrid_mask`/`hybrid_positions` are one state of it), so a CUDA graph can build a
+    state's layout from three integers (no
     [W, W] host tensors per decision: on a busy host, multi-threaded CPU ops on them took
     ~110 ms per call, session 5). Padding queries see only themselves (finite softmax) and
     no real query sees a padding key.
@@ -154,9 +138,11 @@ def state_lengths(states: Sequence[ArbitrationState]) -> torch.Tensor:
     return torch.tensor([[len(s.prefix), len(s.draft_block), len(s.target_block)] for s in states], dtype=torch.long)
 
 
-def state_tokens(state: ArbitrationState) -> list[int]:
-    """The state's input tokens: prefix, draft block, target block, decision (= d_j again)."""
-    return [*state.prefix, *state.draft_block, *state.target_block, state.draft_block[0]]
+def state_tokens(state: ArbitrationState, width: int | None = None) -> list[int]:
+    """The state's input tokens — prefix, draft block, target block, decision (= d_j again) —
+    right-padded with 0 to `width` when given."""
+    tokens = [*state.prefix, *state.draft_block, *state.target_block, state.draft_block[0]]
+    return tokens + [0] * (width - len(tokens)) if width is not None else tokens
 
 
 def build_batch(states: Sequence[ArbitrationState], device: torch.device | str = "cpu", *, width: int | None = None) -> ArbitratorBatch:
@@ -171,7 +157,7 @@ def build_batch(states: Sequence[ArbitrationState], device: torch.device | str =
     if width is not None and width < longest:
         raise ValueError(f"width {width} is shorter than the longest state ({longest})")
     width = width or longest
-    rows = [state_tokens(s) + [0] * (width - s.length) for s in states]
+    rows = [state_tokens(s, width) for s in states]
     input_ids = torch.tensor(rows, dtype=torch.long).to(device)
     positions, allowed, decision = hybrid_layout(state_lengths(states).to(device), width)
     return ArbitratorBatch(input_ids, positions, allowed, decision)

@@ -80,12 +80,8 @@ class ArbitratorGraphs:
         if entry is None:
             self.prepare(width)
             entry = self.captured[width]
-        tokens = state_tokens(state)
-        host = torch.tensor(
-            tokens + [0] * (width - len(tokens)) + [len(state.prefix), len(state.draft_block), len(state.target_block)],
-            dtype=torch.long,
-        )
-        entry.packed.copy_(host)
+        lengths = [len(state.prefix), len(state.draft_block), len(state.target_block)]
+        entry.packed.copy_(torch.tensor(state_tokens(state, width) + lengths, dtype=torch.long))
         if entry.graph is not None:
             entry.graph.replay()
         else:

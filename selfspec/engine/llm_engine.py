@@ -492,7 +492,6 @@ def model_context_length(config) -> int:
     return int(getattr(text, "max_position_embeddings", None) or 4096)
 
 
-
 def _eos_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
     gen = getattr(model, "generation_config", None)

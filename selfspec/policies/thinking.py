@@ -85,12 +85,12 @@ class ThinkingPolicy(SequencePolicy):
 
     # ------------------------------------------------------------------ hooks
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
-        if self.proposer is None:
-            return None
-        room = min(max_tokens, self._room_in_phase())
-        if room <= 0:
-            return None
-        return self.proposer.propose(seq.token_ids, room)
+        room = self._proposal_room(max_tokens)
+        return self.proposer.propose(seq.token_ids, room) if room > 0 else None
+
+    def _proposal_room(self, max_tokens: int) -> int:
+        """Tokens this step may propose: the engine's room within the phase's (0: no proposer)."""
+        return min(max_tokens, self._room_in_phase()) if self.proposer is not None else 0
 
     def proposal_group(self) -> object | None:
         # Only the plain rule above may be batched: a subclass with its own `propose` decides
@@ -106,10 +106,9 @@ class ThinkingPolicy(SequencePolicy):
         out: list[Proposal | None] = [None] * len(items)
         requests, where = [], []
         for index, (seq, max_tokens) in enumerate(items):
-            policy = seq.policy
-            room = min(max_tokens, policy._room_in_phase())
+            room = seq.policy._proposal_room(max_tokens)
             if room > 0:
-                requests.append((policy.proposer, seq.token_ids, room))
+                requests.append((seq.policy.proposer, seq.token_ids, room))
                 where.append(index)
         if requests:
             proposals = type(requests[0][0]).propose_group(requests)
