@@ -220,3 +220,17 @@ def test_gzipped_inputs_read_like_plain_ones(tmp_path):
     with gzip.open(packed, "wt") as handle:
         handle.write(plain.read_text())
     assert load_records([packed]) == load_records([plain])
+
+
+def test_a_model_run_from_a_local_directory_is_named_by_the_directory(tmp_path):
+    """A device run of `/tmp/out/x/smollm2-thinker-v3` and a run of the registered name are one
+    model in the report; its title and plot names carry no machine path."""
+    path = _write(tmp_path / "d.jsonl", [
+        _rec("s0", "baseline", 2.0, model="/tmp/out/x/smollm2-thinker-v3"),
+        _rec("s0", "prefix", 1.0, model="/tmp/out/x/smollm2-thinker-v3/"),
+        _rec("s1", "baseline", 2.0, model="smollm2-thinker-v3"), _rec("s1", "prefix", 1.0, model="smollm2-thinker-v3"),
+    ])
+    groups = group_records(load_records([path]))
+    assert len(groups) == 1 and groups[0].model == "smollm2-thinker-v3" and groups[0].table()["prefix"]["n"] == 2
+    text = build_report([path], tmp_path / "out").read_text()
+    assert "/tmp/out" not in text.split("Run metadata")[0]

@@ -95,6 +95,7 @@ def test_eval_pipeline_writes_files_and_marks_cospec_lossy(llm, arbitrator, tmp_
     assert len(cospec_rows) == 2 and all("LOSSY" in line for line in cospec_rows)
     assert "| SpS (lossless) | no |" in report and "speed_score.png" in report
     assert "| draft model alone (not the target) | yes |" in report and "Complementarity over 2 items" in report
+    assert "- versions: python " in report and "torch " in report  # GPU results must say what ran them
 
 
 def test_threshold_one_is_lossless_and_zero_keeps_draft_tokens(llm, arbitrator):

@@ -337,7 +337,7 @@ def test_template_control_pairs_answers_of_the_same_family(tokenizer):
 # --- the packaged adapter ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,data_version", [("smollm2-thinker", "thinker-data-v1"), ("smollm2-thinker-v2", "thinker-data-v2")])
+@pytest.mark.parametrize("name,data_version", [("smollm2-thinker", "thinker-data-v1"), ("smollm2-thinker-v2", "thinker-data-v2"), ("smollm2-thinker-v3", "thinker-data-v2")])
 def test_packaged_thinker_adapter_is_complete_and_small(name, data_version):
     directory = registry.PACKAGED_ADAPTERS_DIR / name
     assert directory.is_dir(), f"selfspec/adapters/{name} is missing"

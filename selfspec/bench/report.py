@@ -89,8 +89,15 @@ def _read_text(path: Path) -> str:
     return path.read_text()
 
 
+def model_label(rec: Record) -> str:
+    """The model as tables name it: a local directory (a device run's `/tmp/out/.../adapter`)
+    by its last component, so the report does not print where a run happened to keep it."""
+    model = str(rec.get("model") or "unknown")
+    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", "./", "../")) else model
+
+
 def _record_key(rec: Record) -> tuple:
-    return (rec.get("model"), rec.get("benchmark"), rec["sample_id"], rec["mode"], _settings_key(_run_settings(rec)))
+    return (model_label(rec), rec.get("benchmark"), rec["sample_id"], rec["mode"], _settings_key(_run_settings(rec)))
 
 
 def _run_settings(rec: Record) -> dict[str, Any]:
@@ -237,7 +244,7 @@ class Group:
 
 def _group_key(rec: Record) -> tuple[str, str, str]:
     """(model, benchmark, settings key): the unit a table is drawn for (`Group`)."""
-    return str(rec.get("model") or "unknown"), str(rec.get("benchmark") or "unknown"), _settings_key(_run_settings(rec))
+    return model_label(rec), str(rec.get("benchmark") or "unknown"), _settings_key(_run_settings(rec))
 
 
 def group_records(records: list[Record]) -> list[Group]:

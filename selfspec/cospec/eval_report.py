@@ -59,6 +59,15 @@ def _arbitrator_line(meta: dict[str, Any]) -> str:
     return f"`{meta.get('arbitrator') or 'in memory'}`{facts}"
 
 
+def _device_suffix(meta: dict) -> str:
+    name = meta.get("device_name")
+    return f" ({name})" if name and name != meta.get("device") else ""
+
+
+def _versions_line(versions: dict) -> str:
+    return "; ".join(f"{k} {v}" for k, v in versions.items())
+
+
 def render_markdown(results: CoSpecEvalResults) -> str:
     """One table per task (score, speed, τ, kept tokens) and the counterfactual agreement."""
     cfg, meta = results.config, results.meta
@@ -72,7 +81,8 @@ def render_markdown(results: CoSpecEvalResults) -> str:
         f"- tasks: {', '.join(cfg['tasks'])}; {cfg['n']} held-out items each (seed {cfg['seed']})",
         f"- K = {cfg['k']} draft tokens per round; max tokens {cfg['max_tokens']}; greedy; batch 1, modes interleaved per item",
         f"- arbitrator: {_arbitrator_line(meta)}",
-        f"- device: {meta.get('device', '?')}, dtype {meta.get('dtype', '?')}",
+        f"- device: {meta.get('device', '?')}{_device_suffix(meta)}, dtype {meta.get('dtype', '?')}",
+        *([f"- versions: {_versions_line(meta['versions'])}"] if meta.get("versions") else []),
         "",
         "Speedup: target-only total latency / the mode's total latency on the same items. τ: output tokens per "
         "target decode forward (`accepted_per_forward` in results.jsonl: without the target's own token). Acceptance: accepted / proposed draft tokens. Kept: draft tokens kept by the "

@@ -568,10 +568,14 @@ def run_cospec_eval(
     total = sum(len(t.items) * len(modes) + (len(t.items) + states if states else 0) for t in tasks)
     bar = tqdm(total=total, desc="cospec eval", unit="run", disable=not progress)
     ctx = _Ctx(llm, arbitrator, config, SamplingParams(max_tokens=config.max_tokens), tick=bar.update)
+    from selfspec.thinker.train import device_name, library_versions
+
     defaults = {
         "model": getattr(llm, "model_name", "custom"),
         "draft": getattr(llm, "draft_spec", None),
         "device": str(llm.engine.device),
+        "device_name": device_name(llm.engine.device),
+        "versions": library_versions(),
         "dtype": str(next(llm.model.parameters()).dtype).removeprefix("torch."),
     }
     results = CoSpecEvalResults(
