@@ -141,3 +141,18 @@ def test_context_fit_sizes_the_engine_to_the_longest_runnable_sample():
     assert short.max_len == lengths[0] + 100 + 50 + CLOSE_MARGIN and not short.skipped
     none = fit_to_context(samples[2:], tok, fmt, context, cot_cap=100, answer_cap=50)
     assert not none.runnable and none.max_len == 100 + 50 + CLOSE_MARGIN + 1  # nothing runs: the budgets' room
+
+
+def test_max_len_fixes_the_engine_size_and_rejects_too_short(bench_run, tmp_path: Path):
+    _, _, root = bench_run
+    out = tmp_path / "m.jsonl"
+    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
+            "--out", str(out)]
+    result = CliRunner().invoke(app, args + ["--max-len", "1000"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["engine_max_len"] == 1000
+    result = CliRunner().invoke(app, args + ["--max-len", "20", "--fresh"])
+    assert result.exit_code == 2 and "shorter than" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, args + ["--max-len", "100000", "--fresh"])
+    assert result.exit_code == 2 and "exceeds" in " ".join(result.output.split())

@@ -221,3 +221,21 @@ def test_long_verify_chunks_do_not_pad_every_decode_row():
     assert len(groups) == 2 and any(len(g) >= 8 and 0 not in g for g in groups)
     decode_only = [Chunk(slot=k % 6, start=10, token_ids=[5], num_logits=1) for k in range(12)]
     assert len(runner._group(decode_only)) == 1, "decode rows still share one replay"
+
+
+def test_fusion_puts_inductor_in_deterministic_mode(monkeypatch):
+    """Compiled reductions must not pick their summation order by timing (a decode step and a
+    verify step would round a row differently); `SELFSPEC_INDUCTOR_DETERMINISTIC=0` opts out."""
+    import torch._inductor.config as inductor_config
+
+    from selfspec.engine.fusion import DETERMINISM_ENV, deterministic_inductor
+
+    for name in ("deterministic", "batch_invariant"):
+        if hasattr(inductor_config, name):
+            monkeypatch.setattr(inductor_config, name, False)
+    monkeypatch.setenv(DETERMINISM_ENV, "0")
+    assert deterministic_inductor() == {} and not inductor_config.deterministic
+    monkeypatch.delenv(DETERMINISM_ENV)
+    applied = deterministic_inductor()
+    assert applied.get("deterministic") is True and inductor_config.deterministic is True
+    assert applied.get("batch_invariant", True) is True

@@ -328,12 +328,13 @@ def test_v1_data_is_unchanged_and_still_the_default() -> None:
 
 
 def test_family_versions_are_picked_like_knobs() -> None:
-    assert versions("record_extraction") == versions("route_finding") == versions("arithmetic_search") == [1, 2]
+    assert versions("record_extraction") == versions("arithmetic_search") == [1, 2]
+    assert versions("route_finding") == [1, 2, 3]
     assert versions("class_synthesis") == [1]
     assert isinstance(get_family("record_extraction", version=2), RecordExtractionV2)
     assert isinstance(get_family("route_finding", version=2, min_stations=6), RouteFindingV2)
     with pytest.raises(KeyError, match="no version 3"):
-        get_family("route_finding", version=3)
+        get_family("record_extraction", version=3)
     spec = DataSpec.for_version(V2, items_per_family=2, seed=5)
     items = spec.items()
     assert spec.version == V2 and spec.describe()["knobs"]["route_finding"]["version"] == 2
@@ -590,3 +591,38 @@ def test_v2_arithmetic_checker_rejects_corruptions(v2_samples: dict[str, list[Ta
     assert get_family("arithmetic_search", version=2).check(
         v2_samples["arithmetic_search"][0], v2_samples["arithmetic_search"][0].answer
     ).passed
+
+
+
+# =========================================================== thinker-data-v3: route finding version 3
+def test_v3_data_is_v2_with_route_finding_version_3() -> None:
+    v2 = DataSpec.for_version(V2, items_per_family=3, seed=5).items()
+    v3 = DataSpec.for_version("thinker-data-v3", items_per_family=3, seed=5).items()
+    for old, new in zip(v2, v3):
+        if old.family == "route_finding":
+            assert new.version == 3 and new.uid == old.uid.replace("-v2-", "-v3-")
+        else:
+            assert old == new
+
+
+def test_v3_route_cot_checks_every_new_hop_against_the_start() -> None:
+    """After each new hop's line comes its start check; the last check says yes and stops the
+    search; the answer, checker and networks are version 2's."""
+    knobs = data_version_knobs("thinker-data-v3")["route_finding"]
+    for index in range(30):
+        item = generate("route_finding", 7, index, **knobs)
+        start = item.meta["start"]
+        assert item.version == 3 and check(item, item.answer).passed and check(item, item.cot + "\n</think>\n" + item.answer).passed
+        lines = item.cot.splitlines()
+        hops = [i for i, line in enumerate(lines) if line.startswith("From ") and " take " in line]
+        searched = [i for i in hops if i + 1 < len(lines) and lines[i + 1].startswith("Is ")]
+        assert searched, item.cot
+        for i in searched:
+            origin = lines[i].removeprefix("From ").split(" take ")[0]
+            assert lines[i + 1] == f"Is {origin} the start, {start}? " + ("yes: the search stops." if origin == start else "no")
+        yes = [line for line in lines if line.endswith("? yes: the search stops.")]
+        assert len(yes) == 1 and "is the start: the search stops." not in item.cot
+        # the search visits no station twice and stops at the first yes
+        visits = [line for line in lines if line.startswith("Visit ")]
+        assert len(visits) == len(set(visits))
+        assert lines.index(yes[0]) < lines.index("Route from the start, following the hops:")

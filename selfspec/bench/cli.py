@@ -43,6 +43,7 @@ def bench(
     suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
     num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
     concurrency: int = typer.Option(1, min=1, help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time."),
     draft: Optional[str] = typer.Option(None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."),
@@ -107,7 +108,13 @@ def bench(
             f"({', '.join(s['sample_id'] for s in fit.skipped[:5])}{', …' if len(fit.skipped) > 5 else ''})"
         )
     samples = fit.runnable
-    engine_config = EngineConfig(num_slots=num_slots, max_len=fit.max_len, clamp_max_len=True)
+    if max_len is not None and max_len < fit.max_len:
+        console.print(f"[red]error:[/] --max-len {max_len} is shorter than the {fit.max_len} positions the longest sample needs")
+        raise typer.Exit(2)
+    if max_len is not None and max_len > fit.context:
+        console.print(f"[red]error:[/] --max-len {max_len} exceeds {loaded.name}'s context of {fit.context} tokens")
+        raise typer.Exit(2)
+    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True)
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {
         "device": device if device == "cpu" else _gpu_name(),
@@ -115,6 +122,8 @@ def bench(
         "command": _command_line(ctx.params),
         "date": time.strftime("%Y-%m-%d"),
         "versions": _versions(),
+        "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
+        "inductor": _inductor_modes(),  # deterministic / batch-invariant compiled kernels (engine.fusion)
     }
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
     if not samples and not resume and Path(out).exists():
@@ -164,6 +173,12 @@ def _gpu_name() -> str:
     import torch
 
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
+
+
+def _inductor_modes() -> dict[str, bool | None]:
+    import torch._inductor.config as inductor_config
+
+    return {name: getattr(inductor_config, name, None) for name in ("deterministic", "batch_invariant")}
 
 
 def _versions() -> dict[str, str]:

@@ -17,6 +17,7 @@ enters around its own forwards.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from typing import Callable, Iterator
@@ -53,11 +54,43 @@ def _dispatch(eager: Callable, compiled: Callable) -> Callable:
     return forward
 
 
+DETERMINISM_ENV = "SELFSPEC_INDUCTOR_DETERMINISTIC"
+
+
+def deterministic_inductor() -> dict[str, bool]:
+    """Ask inductor for kernels whose numerics do not depend on timing or on the batch.
+
+    Why: by default inductor autotunes its reduction kernels (the RMSNorms compiled here)
+    over configs with different block sizes and warp counts, picking the fastest *measured*
+    on the first call — and those configs sum in different orders. A decode step (one token;
+    dynamo specialises sizes of 1, so it is its own kernel) and a verify step (16 tokens) can
+    then round a row differently, and which way depends on the timings a process happened to
+    see. In bf16 that flips near-tied tokens: lossless speculative modes leave the baseline's
+    output, and more so in some processes than others (the H200 sessions 5 and 6). Inductor's
+    `deterministic` mode skips the numerics-changing autotuning; `batch_invariant` (newer
+    torch) also keeps a row's kernel the same for every batch size. Either is set where this
+    torch has it; `SELFSPEC_INDUCTOR_DETERMINISTIC=0` leaves inductor alone (diagnostics).
+    Returns the settings applied (empty when none).
+    """
+    if os.environ.get(DETERMINISM_ENV, "1").strip() == "0":
+        return {}
+    import torch._inductor.config as inductor_config
+
+    applied: dict[str, bool] = {}
+    for name in ("deterministic", "batch_invariant"):
+        if hasattr(inductor_config, name):
+            setattr(inductor_config, name, True)
+            applied[name] = True
+    return applied
+
+
 def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor") -> list[str]:
     """Give the model's norm and MLP modules, and its rotary function, compiled twins.
 
-    Returns what was wrapped (class or function names), for reports. Idempotent.
+    Returns what was wrapped (class or function names), for reports. Idempotent. Inductor is
+    put in its deterministic mode first (`deterministic_inductor`).
     """
+    deterministic_inductor()
     # One compiled entry serves all instances of a class (parameters are graph inputs);
     # the limit only matters if a model mixes many norm variants.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

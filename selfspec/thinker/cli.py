@@ -68,8 +68,9 @@ def _data_spec(families: str, seed: int, items_per_family: int, knobs: Optional[
 
 
 _DATA_VERSION_HELP = (
-    "Built-in data version: thinker-data-v1 (the default) or thinker-data-v2 (record extraction, route "
-    "finding and arithmetic search version 2); with --knobs, the name of the custom data."
+    "Built-in data version: thinker-data-v1 (the default), thinker-data-v2 (record extraction, route "
+    "finding and arithmetic search version 2) or thinker-data-v3 (v2 with route finding version 3); with "
+    "--knobs, the name of the custom data."
 )
 
 

@@ -116,9 +116,19 @@ V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
     },
 }
 
+DATA_VERSION_V3 = "thinker-data-v3"
+"""thinker-data-v2 with route finding version 3 (a start check after every new hop of the
+search: the v1-v3 thinkers' route-finding loops were searches that missed the start)."""
+
+V3_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    **{name: dict(knobs) for name, knobs in V2_TASK_KNOBS.items()},
+    "route_finding": {**V2_TASK_KNOBS["route_finding"], "version": 3},
+}
+
 DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     DATA_VERSION: DEFAULT_TASK_KNOBS,
     DATA_VERSION_V2: V2_TASK_KNOBS,
+    DATA_VERSION_V3: V3_TASK_KNOBS,
 }
 """The built-in data versions and their knobs (family -> knobs, "version" included)."""
 
@@ -785,8 +795,10 @@ __all__ = [
     "DATA_VERSION",
     "DATA_VERSIONS",
     "DATA_VERSION_V2",
+    "DATA_VERSION_V3",
     "DEFAULT_TASK_KNOBS",
     "V2_TASK_KNOBS",
+    "V3_TASK_KNOBS",
     "DataSpec",
     "Example",
     "LoraSpec",

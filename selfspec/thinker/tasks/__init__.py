@@ -38,14 +38,15 @@ from .base import (
 )
 from .class_synthesis import ClassSynthesis
 from .record_extraction import RecordExtraction, RecordExtractionV2
-from .route_finding import RouteFinding, RouteFindingV2
+from .route_finding import RouteFinding, RouteFindingV2, RouteFindingV3
 
 DEFAULT_VERSION = 1
 """The family version `get_family` builds when none is named (the data of thinker-data-v1)."""
 
 _FAMILY_TYPES: dict[str, dict[int, type[TaskFamily]]] = {}
 for _family in (
-    ClassSynthesis, RecordExtraction, RouteFinding, ArithmeticSearch, RecordExtractionV2, RouteFindingV2, ArithmeticSearchV2
+    ClassSynthesis, RecordExtraction, RouteFinding, ArithmeticSearch, RecordExtractionV2, RouteFindingV2, ArithmeticSearchV2,
+    RouteFindingV3,
 ):
     _FAMILY_TYPES.setdefault(_family.name, {})[_family.version] = _family
 

@@ -488,8 +488,11 @@ class RouteFindingV2(RouteFinding):
             ]
         )
 
-    @staticmethod
-    def _v2_cot(listing: Mapping[str, Sequence[str]], start: str, goal: str) -> tuple[str, list[str], list[str]]:
+    check_start = False
+    """Version 3: every new hop is followed by its own start check (see `RouteFindingV3`)."""
+
+    @classmethod
+    def _v2_cot(cls, listing: Mapping[str, Sequence[str]], start: str, goal: str) -> tuple[str, list[str], list[str]]:
         """The BFS CoT from the goal, and the route it finds (stations, line of each hop)."""
         blocks = [
             f"Start: {start}. Goal: {goal}. I search back from the goal, visiting stations in the order "
@@ -516,8 +519,12 @@ class RouteFindingV2(RouteFinding):
                     queue.append(neighbour)
                     towards[neighbour] = (line, here)
                     out.append(hop_line(neighbour, line, here))
-                    if neighbour == start:
+                    if cls.check_start:
+                        verdict = "yes: the search stops." if neighbour == start else "no"
+                        out.append(f"Is {neighbour} the start, {start}? {verdict}")
+                    elif neighbour == start:
                         out.append(f"{start} is the start: the search stops.")
+                    if neighbour == start:
                         break
                 if start in towards:
                     break
@@ -534,3 +541,22 @@ class RouteFindingV2(RouteFinding):
         blocks.append("Route from the start, following the hops:\n" + "\n".join(hops))
         blocks.append(f"That reaches {goal}, the goal, in {len(hops)} hop{'s' if len(hops) != 1 else ''}.")
         return "\n\n".join(blocks), route, route_lines
+
+
+# ------------------------------------------------------------------------ version 3
+class RouteFindingV3(RouteFindingV2):
+    """Route finding, version 3: version 2's networks, prompt and answers; in the CoT every
+    new hop "From N take <line> to <station>" is followed by "Is N the start, <start>? no"
+    (or "yes: the search stops.").
+
+    Why: thinker v1-v3 looped on 1-2 of 40 held-out route items each, always the same way
+    (reproduced on CPU with v3): the start turned up as a neighbour, the model wrote its hop
+    but not version 2's stop line, and the breadth-first search went on over a queue that
+    no longer changed. In version 2 the stop is decided by recognising, unprompted, that the
+    name just copied is the start given at the top of the CoT. Here the decision is asked
+    every time with both names written right before the answer, so it is a copy-and-compare
+    of adjacent text, like every other step of the CoT.
+    """
+
+    version = 3
+    check_start = True

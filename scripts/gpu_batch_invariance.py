@@ -1,0 +1,109 @@
+"""Do one-token decode steps and multi-token verify steps compute the same logits? (GPU probe)
+
+Every lossless speculative mode relies on it: a verify forward scores k drafted tokens at once,
+and greedy decoding would have scored them one at a time. In fp32 the engine matches token for
+token (tests); in bf16 any kernel whose summation order depends on the number of rows in a
+forward (GEMM tiling, inductor's autotuned reductions) can round a row differently, and a
+near-tie then flips. This measures how often, on the real model and the engine's own forwards
+(CUDA graphs, fused twins, slot attention):
+
+    python scripts/gpu_batch_invariance.py --model smollm2 --tokens 2400 --chunk 16 --out probe.json
+
+Slot 0 decodes `--tokens` tokens greedily one at a time (EOS ignored); slot 1, prefilled with
+the same prompt, scores the same tokens in forwards of `--chunk` tokens. Printed and written:
+the share of positions whose logits are bitwise equal, whose argmax agrees, and the largest
+absolute difference, overall and per 512 positions (the slot-attention kernel splits keys per
+512). Run it with SELFSPEC_INDUCTOR_DETERMINISTIC=0 and =1 to see what inductor's
+deterministic mode changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from selfspec.engine.llm_engine import EngineConfig  # noqa: E402
+from selfspec.engine.model_runner import Chunk  # noqa: E402
+from selfspec.llm import LLM  # noqa: E402
+
+PROMPT = (
+    "Write a Python function `running_median(xs)` that returns the median of every prefix of the "
+    "list xs, with a docstring, type hints and three doctests. Think it through first."
+)
+
+
+def probe(llm: LLM, tokens: int, chunk: int) -> dict:
+    runner = llm.engine.runner
+    prompt_ids = llm.tokenizer(PROMPT)["input_ids"]
+    n = len(prompt_ids)
+    # Prefill both slots with the same forward shape (one chunk each, separately).
+    for slot in (0, 1):
+        runner.run([Chunk(slot=slot, start=0, token_ids=list(prompt_ids), num_logits=1)])
+    first = int(runner.last_argmax[0][-1])
+    decode_logits, ids = [], [first]
+    for step in range(tokens - 1):
+        (logits,) = runner.run([Chunk(slot=0, start=n + step, token_ids=[ids[-1]], num_logits=1)])
+        decode_logits.append(logits[-1])
+        ids.append(int(logits[-1].argmax()))
+    verify_logits = []
+    for start in range(0, tokens - 1, chunk):
+        piece = ids[start : min(start + chunk, tokens - 1)]
+        (logits,) = runner.run([Chunk(slot=1, start=n + start, token_ids=piece, num_logits=len(piece))])
+        verify_logits.extend(logits)
+    rows = []
+    for position, (a, b) in enumerate(zip(decode_logits, verify_logits)):
+        rows.append((n + position, bool(torch.equal(a, b)), int(a.argmax()) == int(b.argmax()), float((a - b).abs().max())))
+
+    def summary(part: list) -> dict:
+        return {
+            "positions": len(part),
+            "bitwise_equal": sum(r[1] for r in part) / max(1, len(part)),
+            "argmax_agree": sum(r[2] for r in part) / max(1, len(part)),
+            "max_abs_diff": max((r[3] for r in part), default=0.0),
+        }
+
+    by_split = {}
+    for lo in range(0, rows[-1][0] + 1, 512):
+        part = [r for r in rows if lo <= r[0] < lo + 512]
+        if part:
+            by_split[f"{lo}-{lo + 511}"] = summary(part)
+    return {"prompt_tokens": n, "all": summary(rows), "by_position": by_split,
+            "first_disagreement": next((r[0] for r in rows if not r[2]), None)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--tokens", type=int, default=2400)
+    parser.add_argument("--chunk", type=int, default=16)
+    parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_batch_invariance.py needs a CUDA device")
+    llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=EngineConfig(num_slots=2, max_len=args.max_len))
+    import torch._inductor.config as inductor_config
+
+    result = {
+        "model": args.model, "dtype": args.dtype, "tokens": args.tokens, "chunk": args.chunk, "max_len": args.max_len,
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+        "inductor": {k: getattr(inductor_config, k, None) for k in ("deterministic", "batch_invariant")},
+        "env": {k: os.environ.get(k) for k in ("SELFSPEC_INDUCTOR_DETERMINISTIC", "SELFSPEC_HOST_THREADS")},
+        **probe(llm, args.tokens, args.chunk),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
