@@ -441,3 +441,18 @@ def test_eval_pipeline_runs_on_v2_items(tiny_llm):
 def test_adapter_data_version_is_none_for_plain_models():
     assert registry.adapter_data_version("smollm2") is None
     assert registry.adapter_data_version("no-such-model") is None
+
+
+def test_curve_checks_with_and_without_the_prompt_only_point():
+    """v3's shape on the H200: 0% (prompt only) 82.0% > 10% 81.1%, then rising: the full curve
+    does not rise, the issue's fork points (10-90%) do; a dip among the forks fails both."""
+    def results(shares):
+        points = ["0.00", "0.10", "0.25", "0.50", "0.75", "0.90"]
+        table = {p: {"predictable_share": s, "predictable_share_capped": s} for p, s in zip(points, shares)}
+        return {"families": {"f": {"accuracy": 1.0}}, "overall": {"self_stopped": 1.0, "loops": 0},
+                "convergence": {"overall": table}}
+
+    checks = check_targets(results([0.820, 0.811, 0.854, 0.862, 0.905, 0.953]))
+    assert not checks["curve_rises"] and checks["curve_rises_after_forking"] and checks["predictable_at_half_ok"]
+    dip = check_targets(results([0.5, 0.6, 0.7, 0.65, 0.8, 0.9]))
+    assert not dip["curve_rises"] and not dip["curve_rises_after_forking"]

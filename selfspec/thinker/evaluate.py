@@ -439,6 +439,9 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
     capped = [table[key].get("predictable_share_capped") for key in sorted(table)]
     capped = [c for c in capped if c is not None]
     half_capped = table.get("0.50", {}).get("predictable_share_capped")
+    # The issue's draft points only (10-90% of the CoT), without the prompt-only 0% reference.
+    forked = [table[key]["predictable_share"] for key in sorted(table)
+              if float(key) > 0 and table[key]["predictable_share"] is not None]
     return {
         "families_at_or_above_70pct": strong,
         "accuracy_ok": len(strong) >= 3,
@@ -448,6 +451,7 @@ def check_targets(results: dict[str, Any]) -> dict[str, Any]:
         "predictable_at_half": half,
         "predictable_at_half_ok": half is not None and half >= PREDICTABLE_AT_HALF_TARGET,
         "curve_rises_capped": bool(capped) and all(b >= a for a, b in zip(capped, capped[1:])),
+        "curve_rises_after_forking": bool(forked) and all(b >= a for a, b in zip(forked, forked[1:])),
         "predictable_at_half_capped": half_capped,
     }
 
@@ -539,7 +543,9 @@ def render_markdown(results: dict[str, Any], training: Mapping[str, Any] | None 
         f"({_pct(results['overall']['self_stopped'])})",
         f"- no loops: {'yes' if checks['no_loops'] else 'no'} ({results['overall']['loops']})",
         f"- convergence curve rises with the draft point: {'yes' if checks['curve_rises'] else 'no'}; "
-        f"with drafts cut to the answer's length: {'yes' if checks.get('curve_rises_capped') else 'no'}",
+        f"with drafts cut to the answer's length: {'yes' if checks.get('curve_rises_capped') else 'no'}; "
+        f"over the forks at 10-90% of the CoT only (without the prompt-only 0% point): "
+        f"{'yes' if checks.get('curve_rises_after_forking') else 'no'}",
         f"- at 50% of the CoT ≥ 1/3 of the final answer predictable: {'yes' if checks['predictable_at_half_ok'] else 'no'} "
         f"({_pct(checks['predictable_at_half'])}; drafts cut to the answer's length: {_pct(checks.get('predictable_at_half_capped'))})",
         "",
