@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import platform
 import time
 from pathlib import Path
 from typing import Optional
@@ -59,6 +58,7 @@ def bench(
         return
     from selfspec.bench.datasets import load_benchmark
     from selfspec.bench.runner import mismatches, record_skipped, run_bench
+    from selfspec.run_info import device_name, library_versions
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
     from selfspec.ssr.config import SuffixOptions
@@ -117,11 +117,11 @@ def bench(
     engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True)
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {
-        "device": device if device == "cpu" else _gpu_name(),
+        "device": device if device == "cpu" else device_name(device),
         "dtype": dtype,
         "command": _command_line(ctx.params),
         "date": time.strftime("%Y-%m-%d"),
-        "versions": _versions(),
+        "versions": library_versions(),
         "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
         "inductor": _inductor_modes(),  # deterministic / batch-invariant compiled kernels (engine.fusion)
     }
@@ -169,23 +169,10 @@ def _command_line(params: dict) -> str:
     return " ".join(parts)
 
 
-def _gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
-
-
 def _inductor_modes() -> dict[str, bool | None]:
     import torch._inductor.config as inductor_config
 
     return {name: getattr(inductor_config, name, None) for name in ("deterministic", "batch_invariant")}
-
-
-def _versions() -> dict[str, str]:
-    import torch
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
 
 
 def _dump(obj) -> str:

@@ -459,7 +459,8 @@ def train_distilled_draft(
     peft draft, result). Pass `target`/`tokenizer` to use a loaded model (tests); otherwise
     `config.model` is loaded (the same loader `LLM` uses, so the draft is trained against
     the weights it will be merged beside)."""
-    from selfspec.thinker.train import LoraSpec, _autocast_factory, _synchronize, add_lora, device_name, library_versions, lr_at
+    from selfspec.run_info import device_name, library_versions
+    from selfspec.thinker.train import LoraSpec, _autocast_factory, _synchronize, add_lora, lr_at
 
     started = time.perf_counter()
     device, dtype = resolve_device_dtype(config.device, config.dtype)

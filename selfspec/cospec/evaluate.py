@@ -568,7 +568,7 @@ def run_cospec_eval(
     total = sum(len(t.items) * len(modes) + (len(t.items) + states if states else 0) for t in tasks)
     bar = tqdm(total=total, desc="cospec eval", unit="run", disable=not progress)
     ctx = _Ctx(llm, arbitrator, config, SamplingParams(max_tokens=config.max_tokens), tick=bar.update)
-    from selfspec.thinker.train import device_name, library_versions
+    from selfspec.run_info import device_name, library_versions
 
     defaults = {
         "model": getattr(llm, "model_name", "custom"),

@@ -310,7 +310,7 @@ def _template_control_for(results: dict[str, Any]) -> dict[str, Any]:
 def _device_label(device: str) -> str:
     import torch
 
-    from selfspec.thinker.train import device_name
+    from selfspec.run_info import device_name
 
     return device_name(torch.device(device))
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ import torch
 
 from selfspec.models.registry import ADAPTER_MANIFEST
 from selfspec.models.thinking import ThinkingFormat, build_prompt_text
+from selfspec.run_info import device_name, library_versions  # noqa: F401 - re-exported for callers
 from selfspec.thinker.tasks import TaskItem, families as all_families, format_training_text, generate_split
 
 DATA_VERSION = "thinker-data-v1"
@@ -550,24 +550,6 @@ class TrainResult:
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def library_versions() -> dict[str, str]:
-    import peft
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-    }
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU ({torch.get_num_threads()} threads)"
 
 
 def _autocast_factory(device: torch.device, dtype: torch.dtype) -> Callable[[], Any]:
