@@ -17,21 +17,26 @@ from selfspec.policies.thinking import ThinkingLimits
 from selfspec.ssr.config import SSRConfig
 
 
-def default_demo_prompt() -> str:
-    """A held-out class-synthesis task of the thinker's own generator (never trained on)."""
-    import json
-    from pathlib import Path
+DEMO_MODEL = "smollm2-thinker-v3"
+"""The thinker trained with early-answer examples: its drafts from a partial CoT agree with the
+final answer (benchmarks/results/thinker_v3/), which is the situation SSR is built for."""
 
+
+def default_demo_prompt(model: str = DEMO_MODEL) -> str:
+    """A held-out class-synthesis task of the thinker's own generator and data version (never
+    trained on: held-out seed 1000); the v1 knobs for a model without a packaged adapter."""
+    from selfspec.models.registry import adapter_data_version
     from selfspec.thinker.tasks import generate
+    from selfspec.thinker.train import DATA_VERSION, DATA_VERSIONS
 
-    manifest = Path(__file__).resolve().parent.parent / "adapters" / "smollm2-thinker" / "selfspec_adapter.json"
-    knobs = json.loads(manifest.read_text())["train_config"]["data"]["knobs"]["class_synthesis"]
+    version = adapter_data_version(model) or DATA_VERSION
+    knobs = DATA_VERSIONS.get(version, DATA_VERSIONS[DATA_VERSION])["class_synthesis"]
     return generate("class_synthesis", 1000, 3, **knobs).prompt
 
 
 def run_demo(
     *,
-    model: str = "smollm2-thinker",
+    model: str = DEMO_MODEL,
     prompt: str | None = None,
     console: Console,
     cot_cap: int = 1200,
@@ -40,7 +45,7 @@ def run_demo(
     device: str = "cpu",
     dtype: str = "float32",
 ) -> None:
-    prompt = prompt or default_demo_prompt()
+    prompt = prompt or default_demo_prompt(model)
     console.print(f"[bold]selfspec demo[/]  model={model}  CoT cap {cot_cap}, draft at {draft_budget}, answer cap {answer_cap}")
     llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=4, max_len=4096))
     fmt = llm.thinking_format

@@ -1,0 +1,29 @@
+"""`selfspec demo`: the default prompt comes from the demo model's own held-out items, and the
+demo runs baseline and SSR side by side with identical output (tiny model)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from selfspec.ssr.demo import DEMO_MODEL, default_demo_prompt, run_demo
+from selfspec.testing.tiny import save_tiny_model_dir
+from selfspec.thinker.tasks import generate
+from selfspec.thinker.train import DATA_VERSIONS
+
+
+def test_default_prompt_is_a_held_out_item_of_the_models_data_version():
+    knobs = DATA_VERSIONS["thinker-data-v2"]["class_synthesis"]  # smollm2-thinker-v3 trained on v2 items
+    assert DEMO_MODEL == "smollm2-thinker-v3"
+    assert default_demo_prompt() == generate("class_synthesis", 1000, 3, **knobs).prompt
+    assert default_demo_prompt("no-such-model") == generate("class_synthesis", 1000, 3, **DATA_VERSIONS["thinker-data-v1"]["class_synthesis"]).prompt
+
+
+def test_demo_runs_baseline_and_ssr_with_identical_output(tmp_path):
+    model_dir = save_tiny_model_dir(tmp_path / "m", "llama")
+    out = io.StringIO()
+    run_demo(model=str(model_dir), prompt="Write a class.", console=Console(file=out, width=120),
+             cot_cap=16, answer_cap=12, draft_budget=6)
+    text = out.getvalue()
+    assert "identical output: yes" in text and "latency ratio SSR/baseline" in text
