@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from selfspec.engine.llm_engine import EngineConfig  # noqa: E402
 from selfspec.engine.model_runner import Chunk  # noqa: E402
+from selfspec.engine.static_forward import GraphBuckets  # noqa: E402
 from selfspec.llm import LLM  # noqa: E402
 
 PROMPT = (
@@ -86,15 +87,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2400)
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--token-buckets", default=None,
+                        help="Comma-separated static token buckets (default: the engine's 1,2,4,...,64). "
+                             "Starting at 2 pads decode steps to two tokens, so no forward has a size-1 "
+                             "dimension that torch.compile would specialise into a kernel of its own.")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_batch_invariance.py needs a CUDA device")
-    llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=EngineConfig(num_slots=2, max_len=args.max_len))
+    config = EngineConfig(num_slots=2, max_len=args.max_len)
+    if args.token_buckets:
+        config.graph_buckets = GraphBuckets(tokens=tuple(int(x) for x in args.token_buckets.split(",")))
+    llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=config)
     import torch._inductor.config as inductor_config
 
     result = {
         "model": args.model, "dtype": args.dtype, "tokens": args.tokens, "chunk": args.chunk, "max_len": args.max_len,
+        "token_buckets": list(config.graph_buckets.tokens),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
         "inductor": {k: getattr(inductor_config, k, None) for k in ("deterministic", "batch_invariant")},
         "env": {k: os.environ.get(k) for k in ("SELFSPEC_INDUCTOR_DETERMINISTIC", "SELFSPEC_HOST_THREADS")},
