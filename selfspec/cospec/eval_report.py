@@ -149,15 +149,18 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 4.0 * rows), squeeze=False)
     for axis, task in zip(axes.flat, tasks):
         summary = [r for r in results.summaries if r["task"] == task]
+        other_k = 0  # staggered labels: SpS points at nearby speedups would print over each other
         for row in summary:
             x, y = row["speedup"] or 0.0, row["mean_score"] or 0.0
             if row["mode"] == "target":
                 axis.scatter([x], [y], marker="o", color="black", zorder=3, label="target only")
             elif row["mode"] == "sps":
                 axis.scatter([x], [y], marker="s", color="tab:blue" if not row.get("k") else "tab:cyan", zorder=3,
-                             label="SpS (lossless)" if not row.get("k") else "SpS at other K (lossless)")
+                             label=f"SpS K={results.config.get('k', '?')} (lossless)" if not row.get("k") else "SpS at other K (lossless)")
                 if row.get("k"):
-                    axis.annotate(f"K={row['k']}", (x, y), textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
+                    axis.annotate(f"K={row['k']}", (x, y), textcoords="offset points", xytext=(0, -12 - 9 * (other_k % 3)),
+                                  ha="center", fontsize=7)
+                    other_k += 1
             elif row["mode"] == "draft":
                 axis.scatter([x], [y], marker="x", color="tab:gray", zorder=3, label="draft alone")
         cospec = sorted((r for r in summary if r["mode"] == "cospec"), key=lambda r: r["threshold"])
@@ -165,8 +168,9 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
             xs = [r["speedup"] or 0.0 for r in cospec]
             ys = [r["mean_score"] or 0.0 for r in cospec]
             axis.plot(xs, ys, marker="^", color="tab:red", label="CoSpec (LOSSY)")
-            for r, x, y in zip(cospec, xs, ys):
-                axis.annotate(f"λ={r['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            for index, (r, x, y) in enumerate(zip(cospec, xs, ys)):
+                axis.annotate(f"λ={r['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4 + 9 * (index % 3)),
+                              fontsize=7)
         axis.set_title(task, fontsize=10)
         axis.set_xlabel("speedup vs target-only (latency)")
         axis.set_ylabel("mean score")
