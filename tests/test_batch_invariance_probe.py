@@ -4,27 +4,14 @@ lines positions up. On the GPU the same probe measures bf16 (PLAN.md)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.llm import LLM
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_batch_invariance.py"
-
-
-def _probe_module():
-    spec = importlib.util.spec_from_file_location("gpu_batch_invariance", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_decode_and_verify_logits_agree_in_fp32():
+def test_decode_and_verify_logits_agree_in_fp32(repo_script):
     tokenizer = tiny_tokenizer()
     llm = LLM.from_model(tiny_model("llama", len(tokenizer)), tokenizer, engine_config=EngineConfig(num_slots=2, max_len=512))
-    result = _probe_module().probe(llm, tokens=40, chunk=8)
+    result = repo_script("scripts/gpu_batch_invariance.py").probe(llm, tokens=40, chunk=8)
     assert result["all"]["positions"] == 39 and result["first_disagreement"] is None
     assert result["all"]["argmax_agree"] == 1.0 and result["all"]["max_abs_diff"] < 1e-4
     assert list(result["by_position"]) == ["0-511"]

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from typer.testing import CliRunner
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_batching.py"
 
-
-def test_draft_batching_benchmark_on_the_tiny_model(tmp_path):
-    spec = importlib.util.spec_from_file_location("draft_batching", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_draft_batching_benchmark_on_the_tiny_model(tmp_path, repo_script):
+    module = repo_script("benchmarks/draft_batching.py")
     out = tmp_path / "db"
     result = CliRunner().invoke(module.app, [
         "--model", "tiny", "--draft", "layers:1", "--prompts", "3", "--max-tokens", "12", "--k", "4",

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "exactness_table.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("exactness_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_table_marks_equal_hashes_and_counts_own_baseline_matches(tmp_path):
-    module = _module()
+def test_table_marks_equal_hashes_and_counts_own_baseline_matches(tmp_path, repo_script):
+    module = repo_script("scripts/exactness_table.py")
     def write(name, rows):
         path = tmp_path / name
         path.write_text("".join(json.dumps({"sample_id": s, "mode": m, "output_hash": h}) + "\n" for s, m, h in rows))

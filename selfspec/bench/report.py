@@ -203,6 +203,11 @@ class Group:
     records: list[Record] = field(default_factory=list)
 
     @property
+    def key(self) -> tuple[str, str, str]:
+        """The `_group_key` its records share."""
+        return self.model, self.benchmark, _settings_key(self.settings)
+
+    @property
     def label(self) -> str:
         return f"{self.model} / {self.benchmark}"
 
@@ -254,7 +259,7 @@ def group_records(records: list[Record]) -> list[Group]:
         if key not in groups:
             groups[key] = Group(key[0], key[1], _run_settings(rec))
         groups[key].records.append(rec)
-    return sorted(groups.values(), key=lambda g: (g.model, g.benchmark, _settings_key(g.settings)))
+    return sorted(groups.values(), key=lambda g: g.key)
 
 
 def budget_families(groups: list[Group]) -> list[list[Group]]:
@@ -389,7 +394,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     records = [r for r in records if r["mode"] != SKIPPED]
     groups = group_records(records)
     skipped_by_group = _skipped_by_group(skipped)
-    run_keys = {(g.model, g.benchmark, _settings_key(g.settings)) for g in groups}
+    run_keys = {g.key for g in groups}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -411,7 +416,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         latency_png = plots.plot_latency_split(group.title, table, out_dir / f"latency_{stem}.png")
         meta = group.meta()
         timing = timing_check(group)
-        group_skipped = skipped_by_group.get((group.model, group.benchmark, _settings_key(group.settings)), [])
+        group_skipped = skipped_by_group.get(group.key, [])
         md += [f"## {group.title}", "", f"Settings: {_settings_line(group.settings)}", ""]
         if group_skipped:
             md += [_skipped_sentence(group_skipped), ""]

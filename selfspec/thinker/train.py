@@ -37,7 +37,7 @@ import torch
 
 from selfspec.models.registry import ADAPTER_MANIFEST
 from selfspec.models.thinking import ThinkingFormat, build_prompt_text
-from selfspec.run_info import device_name, library_versions  # noqa: F401 - re-exported for callers
+from selfspec.run_info import device_name, library_versions
 from selfspec.thinker.tasks import TaskItem, families as all_families, format_training_text, generate_split
 
 DATA_VERSION = "thinker-data-v1"
