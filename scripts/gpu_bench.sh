@@ -20,7 +20,9 @@ set -euo pipefail
 model=$1; bench=$2; offset=$3; limit=$4; shift 4
 # BENCH_RAW_DIR: write the records elsewhere (a device queue's output dir); a file of the
 # same name under benchmarks/results/h200/raw/ is copied there first so the run resumes.
-name=$(basename "$model"); file=${name}_${bench//\//-}.jsonl
+# BENCH_FILE: the records' file name instead of <model>_<bench>.jsonl (e.g. a rerun kept beside
+# an older file, which the report then overrides record by record: the last input wins).
+name=$(basename "$model"); file=${BENCH_FILE:-${name}_${bench//\//-}.jsonl}
 out=${BENCH_RAW_DIR:-benchmarks/results/h200/raw}/$file
 mkdir -p "$(dirname "$out")"
 # Committed raw files may be gzipped (the tree travels to the GPU machine every call).

@@ -7,21 +7,48 @@ trusted. One place computes both so every writer says the same thing the same wa
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
+import shutil
+import subprocess
 
 import torch
 
 
 def library_versions() -> dict[str, str]:
-    """python, torch, transformers and (when installed) peft versions."""
+    """python, torch, transformers and (when installed) peft versions; on a GPU machine also
+    the CUDA runtime torch was built with, cuDNN and the driver (GPU arithmetic can change
+    with the driver's cuBLAS kernels even when every Python version is the same)."""
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for package in ("transformers", "peft"):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             continue
+    if torch.cuda.is_available():
+        versions["cuda"] = str(torch.version.cuda)
+        if torch.backends.cudnn.is_available():
+            versions["cudnn"] = str(torch.backends.cudnn.version())
+        driver = nvidia_driver_version()
+        if driver:
+            versions["nvidia_driver"] = driver
     return versions
+
+
+@functools.cache
+def nvidia_driver_version() -> str | None:
+    """The driver's version as nvidia-smi reports it; None where nvidia-smi is absent or fails."""
+    executable = shutil.which("nvidia-smi")
+    if executable is None:
+        return None
+    try:
+        result = subprocess.run([executable, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = result.stdout.strip().splitlines()
+    return lines[0].strip() if lines else None
 
 
 def device_name(device: torch.device | str) -> str:
@@ -32,4 +59,4 @@ def device_name(device: torch.device | str) -> str:
     return f"{platform.processor() or platform.machine()} CPU ({torch.get_num_threads()} threads)"
 
 
-__all__ = ["device_name", "library_versions"]
+__all__ = ["device_name", "library_versions", "nvidia_driver_version"]

@@ -14,8 +14,8 @@ from selfspec.thinker.train import DATA_VERSIONS
 
 
 def test_default_prompt_is_a_held_out_item_of_the_models_data_version():
-    knobs = DATA_VERSIONS["thinker-data-v2"]["class_synthesis"]  # smollm2-thinker-v3 trained on v2 items
-    assert DEMO_MODEL == "smollm2-thinker-v3"
+    knobs = DATA_VERSIONS["thinker-data-v3"]["class_synthesis"]  # smollm2-thinker-v4b trained on v3 items
+    assert DEMO_MODEL == "smollm2-thinker-v4b"
     assert default_demo_prompt() == generate("class_synthesis", 1000, 3, **knobs).prompt
     assert default_demo_prompt("no-such-model") == generate("class_synthesis", 1000, 3, **DATA_VERSIONS["thinker-data-v1"]["class_synthesis"]).prompt
 
@@ -27,3 +27,10 @@ def test_demo_runs_baseline_and_ssr_with_identical_output(tmp_path):
              cot_cap=16, answer_cap=12, draft_budget=6)
     text = out.getvalue()
     assert "identical output: yes" in text and "latency ratio SSR/baseline" in text
+
+
+def test_cli_default_model_is_the_demo_model():
+    import inspect
+    from selfspec.cli.main import demo
+
+    assert inspect.signature(demo).parameters["model"].default.default == DEMO_MODEL

@@ -337,7 +337,7 @@ def test_template_control_pairs_answers_of_the_same_family(tokenizer):
 # --- the packaged adapter ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,data_version", [("smollm2-thinker", "thinker-data-v1"), ("smollm2-thinker-v2", "thinker-data-v2"), ("smollm2-thinker-v3", "thinker-data-v2")])
+@pytest.mark.parametrize("name,data_version", [("smollm2-thinker", "thinker-data-v1"), ("smollm2-thinker-v3", "thinker-data-v2"), ("smollm2-thinker-v4b", "thinker-data-v3")])
 def test_packaged_thinker_adapter_is_complete_and_small(name, data_version):
     directory = registry.PACKAGED_ADAPTERS_DIR / name
     assert directory.is_dir(), f"selfspec/adapters/{name} is missing"
@@ -351,6 +351,15 @@ def test_packaged_thinker_adapter_is_complete_and_small(name, data_version):
     assert f"--out selfspec/adapters/{name} " in manifest["command"]
     assert (directory / "TRAINING.md").is_file() and (directory / "adapter_config.json").is_file()
     assert registry.adapter_data_version(name) == data_version  # evals default to the adapter's items
+
+
+def test_retired_adapter_name_says_how_to_restore_it():
+    from selfspec.models.loader import load_model
+    from selfspec.models.registry import ModelNotFoundError
+
+    assert registry.get_model_entry("smollm2-thinker-v2") is None
+    with pytest.raises(ModelNotFoundError, match="no longer packaged.*git checkout"):
+        load_model("smollm2-thinker-v2")
 
 
 @pytest.mark.model

@@ -385,6 +385,17 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")[:60] or "x"
 
 
+_PLOT_NAME = re.compile(r"(latency|budget)_\d{2}_.+\.png")
+
+
+def _remove_previous_plots(out_dir: Path) -> None:
+    """Delete plots an earlier report wrote here: their numbered names shift when a new
+    group sorts before them, and stale files would sit beside the report as if current."""
+    for path in out_dir.glob("*.png"):
+        if _PLOT_NAME.fullmatch(path.name):
+            path.unlink()
+
+
 def build_report(inputs: list[Path], out_dir: Path) -> Path:
     """Write out_dir/report.md, out_dir/summary.json and the PNG plots; return report.md's path."""
     from selfspec.bench import plots
@@ -397,6 +408,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     run_keys = {g.key for g in groups}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_previous_plots(out_dir)
 
     md = ["# selfspec bench report", "",
           f"Inputs: {', '.join(f'`{p}`' for p in inputs)} — {len(records)} records after deduplication.", "",

@@ -123,7 +123,7 @@ def generate(
 
 @app.command()
 def demo(
-    model: str = typer.Option("smollm2-thinker-v3", "--model", "-m", help="Model to run the demo on (default: SmolLM2-135M-Instruct + the v3 thinker adapter shipped here)."),
+    model: str = typer.Option("smollm2-thinker-v4b", "--model", "-m", help="Model to run the demo on (default: SmolLM2-135M-Instruct + the v4b thinker adapter shipped here)."),
     prompt: Optional[str] = typer.Option(None, help="The user message (default: a held-out class-synthesis task of the thinker's generator)."),
     cot_cap: int = typer.Option(1200, help="CoT cap."),
     answer_cap: int = typer.Option(600, help="Continuation cap."),

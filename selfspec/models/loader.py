@@ -32,6 +32,7 @@ from selfspec.models.registry import (
     cache_key,
     file_fingerprint,
     get_model_entry,
+    RETIRED_ADAPTERS,
     known_model_names,
     model_entries,
 )
@@ -252,6 +253,8 @@ def _load_hf(path_or_id: str, dtype: torch.dtype, attn_implementation: str) -> t
 
 
 def _not_found(spec: str) -> ModelNotFoundError:
+    if spec in RETIRED_ADAPTERS:
+        return ModelNotFoundError(f"model {spec!r}: {RETIRED_ADAPTERS[spec]}")
     return ModelNotFoundError(
         f"model {spec!r} not found locally; known names: {', '.join(known_model_names())}; "
         "or pass a path to a .gguf file or to a local Hugging Face model directory (with config.json)"

@@ -245,6 +245,17 @@ def _all_entries() -> dict[str, ModelEntry]:
     return entries
 
 
+# Adapters once shipped under selfspec/adapters/ and since dropped (the package and the
+# GPU machine's 64 MiB tree have room for three); naming one gets this hint, not a bare
+# "not found".
+RETIRED_ADAPTERS: dict[str, str] = {
+    "smollm2-thinker-v2": (
+        "smollm2-thinker-v2 is no longer packaged (superseded by smollm2-thinker-v3 and -v4b); "
+        "restore it with `git checkout 00d7fb9 -- selfspec/adapters/smollm2-thinker-v2`"
+    ),
+}
+
+
 def get_model_entry(name: str) -> ModelEntry | None:
     """A short name's entry; a directory holding an adapter manifest (e.g. a fresh
     `selfspec thinker train --out DIR`) is its own entry, named by the path given."""
