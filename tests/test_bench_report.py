@@ -247,3 +247,34 @@ def test_a_model_run_from_a_local_directory_is_named_by_the_directory(tmp_path):
     assert len(groups) == 1 and groups[0].model == "smollm2-thinker-v3" and groups[0].table()["prefix"]["n"] == 2
     text = build_report([path], tmp_path / "out").read_text()
     assert "/tmp/out" not in text.split("Run metadata")[0]
+
+
+def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_without_loops(tmp_path: Path):
+    from selfspec.bench.report import PAPER_LATENCY_REDUCTION_PCT, ours_beside_theirs
+
+    records = [
+        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 5.0),  # 50% faster
+        _rec("s1", "baseline", 10.0, loop=True), _rec("s1", "prefix+suffix", 9.0),  # loop: left out of the clean column
+        _rec("t0", "baseline", 10.0, benchmark="thinker/class_synthesis"),
+        _rec("t0", "prefix+suffix", 8.0, benchmark="thinker/class_synthesis"),
+        _rec("u0", "baseline", 10.0, benchmark="classeval"), _rec("u0", "prefix", 9.0, benchmark="classeval"),  # no full SSR
+    ]
+    md, rows = ours_beside_theirs(group_records(records))
+    by_bench = {r["run"].split(" / ")[1].split(",")[0]: r for r in rows}
+    assert set(by_bench) == {"humaneval", "thinker/class_synthesis"}
+    humaneval = by_bench["humaneval"]
+    assert humaneval["latency_reduction_pct"] == pytest.approx(30.0)  # 1 - 14/20
+    assert humaneval["latency_reduction_pct_without_loops"] == pytest.approx(50.0) and humaneval["n_without_loops"] == 1
+    assert humaneval["paper_row"] == "HumanEval" and min(PAPER_LATENCY_REDUCTION_PCT["HumanEval"].values()) < 30.0
+    assert humaneval["verdict"] == "matches or beats both"  # 30% against 2.9% / 14.6%
+    assert by_bench["thinker/class_synthesis"]["verdict"] == "no paper row"
+    text = "\n".join(md)
+    assert "ours beside the paper's rows" in text and "(theirs)" in text and "HumanEval: 2.9% / 14.6%" in text
+
+
+def test_verdict_names_the_model_beaten():
+    from selfspec.bench.report import _verdict
+
+    assert _verdict(10.0, "HumanEval") == "matches or beats Qwen3.5-4B only"
+    assert _verdict(1.0, "HumanEval") == "below both"
+    assert _verdict(None, "HumanEval") == "n/a"
