@@ -46,6 +46,11 @@ def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
     for r in records:
         assert r["benchmark"] == "humaneval" and r["settings"]["draft_budget"] == 8 and r["latency_s"] > 0
         assert r["cot_tokens"] == 24 and r["answer_tokens"] == 16  # the fixed-length shape held in every mode
+        assert "_token_ids" not in r  # the in-memory token list is not written
+        if r["mode"] == "baseline":
+            assert "first_divergence" not in r
+        else:  # compared with the baseline run just before in the same process: never left it
+            assert r["first_divergence"] is None and r["first_divergence_phase"] is None
 
 
 def test_bench_report_has_a_row_per_mode(bench_run):

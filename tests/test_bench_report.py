@@ -278,3 +278,14 @@ def test_verdict_names_the_model_beaten():
     assert _verdict(10.0, "HumanEval") == "matches or beats Qwen3.5-4B only"
     assert _verdict(1.0, "HumanEval") == "below both"
     assert _verdict(None, "HumanEval") == "n/a"
+
+
+def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
+    from selfspec.bench.runner import divergence_fields, first_divergence
+
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2
+    assert divergence_fields([1, 2, 3, 4], 2, [1, 2, 3, 5]) == {"first_divergence": 3, "first_divergence_phase": "answer"}
+    assert divergence_fields([1, 2, 3, 4], 2, [0, 2, 3, 4])["first_divergence_phase"] == "cot"
+    assert divergence_fields([1, 2], 1, [1, 2]) == {"first_divergence": None, "first_divergence_phase": None}

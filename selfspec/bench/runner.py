@@ -100,6 +100,7 @@ def _engine_record(r, latency: float) -> dict[str, Any]:
         "output_hash": token_hash(r.token_ids),
         "answer_distinct4": distinct_ngram_ratio(answer),
         "answer_text": r.answer_text,
+        "_token_ids": list(r.token_ids),  # for first_divergence; not written
     }
     record["loop"] = record["answer_distinct4"] < LOOP_THRESHOLD
     return record
@@ -137,6 +138,7 @@ def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings
         "output_hash": token_hash(out),
         "answer_distinct4": distinct_ngram_ratio(answer),
         "loop": distinct_ngram_ratio(answer) < LOOP_THRESHOLD,
+        "_token_ids": out,
     }
 
 
@@ -194,6 +196,7 @@ def run_bench(
 
         bar = tqdm(total=len(todo), desc="bench", unit="run")
     baseline_hash = _baseline_hashes(out_path, model_name, settings_key, dtype) if resume else {}
+    baseline_tokens: dict[str, tuple[list[int], int]] = {}  # this process's baselines: where modes leave them
     new: list[dict[str, Any]] = []
     group_size = max(1, settings.concurrency)
     groups = [samples[j : j + group_size] for j in range(0, len(samples), group_size)]
@@ -214,7 +217,8 @@ def run_bench(
             else:
                 recs = run_engine_mode_batch(llm, todo_samples, mode, settings)
             for sample, rec in zip(todo_samples, recs):
-                new.append(_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, out_path))
+                new.append(_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, out_path,
+                                          baseline_tokens))
                 if bar is not None:
                     bar.update(1)
     if bar is not None:
@@ -232,8 +236,10 @@ def _finish_record(
     baseline_hash: dict[str, str],
     score: bool,
     out_path: Path,
+    baseline_tokens: dict[str, tuple[list[int], int]] | None = None,
 ) -> dict[str, Any]:
     """Label, compare with the baseline, score, append to the JSONL file."""
+    tokens = rec.pop("_token_ids", None)
     rec.update(
         sample_id=sample.id,
         benchmark=sample.benchmark,
@@ -246,6 +252,11 @@ def _finish_record(
         baseline_hash[sample.id] = rec["output_hash"]
     ref = baseline_hash.get(sample.id)
     rec["exact_match"] = None if ref is None else rec["output_hash"] == ref
+    if baseline_tokens is not None and tokens is not None:
+        if mode == "baseline":
+            baseline_tokens[sample.id] = (tokens, rec.get("cot_tokens") or 0)
+        elif sample.id in baseline_tokens:
+            rec.update(divergence_fields(*baseline_tokens[sample.id], tokens))
     if score and rec.get("answer_text") is not None:
         from selfspec.bench.scoring import score as score_fn
 
@@ -254,6 +265,26 @@ def _finish_record(
     with out_path.open("a") as f:
         f.write(json.dumps(rec) + "\n")
     return rec
+
+
+def first_divergence(reference: list[int], tokens: list[int]) -> int | None:
+    """Index of the first output token where `tokens` leaves `reference`; None if they are equal."""
+    for index, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            return index
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+def divergence_fields(reference: list[int], reference_cot_tokens: int, tokens: list[int]) -> dict[str, Any]:
+    """Where a mode's output first leaves the baseline's of the same run, and in which phase.
+
+    Why: an inexact lossless run in bf16 is a near-tie that flipped; whether flips cluster late in
+    long sequences (long key lengths), right after the forced end of thinking, or anywhere says
+    which forward shapes round differently — the hash alone cannot."""
+    index = first_divergence(reference, tokens)
+    if index is None:
+        return {"first_divergence": None, "first_divergence_phase": None}
+    return {"first_divergence": index, "first_divergence_phase": "cot" if index < reference_cot_tokens else "answer"}
 
 
 def _baseline_hashes(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> dict[str, str]:
