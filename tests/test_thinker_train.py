@@ -465,3 +465,18 @@ def test_curve_checks_with_and_without_the_prompt_only_point():
     assert not checks["curve_rises"] and checks["curve_rises_after_forking"] and checks["predictable_at_half_ok"]
     dip = check_targets(results([0.5, 0.6, 0.7, 0.65, 0.8, 0.9]))
     assert not dip["curve_rises"] and not dip["curve_rises_after_forking"]
+
+
+def test_convergence_plot_names_a_device_run_by_its_adapter(tmp_path, monkeypatch):
+    """The committed v4b eval ran from /tmp/out/...; the plot's title names the adapter, not the path."""
+    import matplotlib.figure
+
+    from selfspec.thinker.evaluate import plot_convergence
+
+    results = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/thinker_v4/results.json").read_text())
+    assert results["model"].startswith("/tmp/out/")
+    titles = []
+    original = matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda self, t, **kw: titles.append(t) or original(self, t, **kw))
+    path = plot_convergence(results, tmp_path / "c.png")
+    assert path.read_bytes().startswith(b"\x89PNG") and titles == ["Convergence of drafts with the final answer: smollm2-thinker-v4b"]
