@@ -18,8 +18,8 @@ import torch
 
 def library_versions() -> dict[str, str]:
     """python, torch, transformers and (when installed) peft versions; on a GPU machine also
-    the CUDA runtime torch was built with, cuDNN and the driver (GPU arithmetic can change
-    with the driver's cuBLAS kernels even when every Python version is the same)."""
+    the CUDA runtime torch was built with, cuDNN and the driver (what the GPU computes can
+    change with them while every Python package's version stays the same)."""
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for package in ("transformers", "peft"):
         try:

@@ -29,10 +29,10 @@ from selfspec.models.registry import (
     MissingModelPackageError,
     ModelEntry,
     ModelNotFoundError,
+    RETIRED_ADAPTERS,
     cache_key,
     file_fingerprint,
     get_model_entry,
-    RETIRED_ADAPTERS,
     known_model_names,
     model_entries,
 )
