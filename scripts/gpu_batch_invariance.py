@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -30,10 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from selfspec.engine.fusion import inductor_modes  # noqa: E402
 from selfspec.engine.llm_engine import EngineConfig  # noqa: E402
 from selfspec.engine.model_runner import Chunk  # noqa: E402
 from selfspec.engine.static_forward import GraphBuckets  # noqa: E402
 from selfspec.llm import LLM  # noqa: E402
+from selfspec.run_info import device_name, library_versions  # noqa: E402
 
 PROMPT = (
     "Write a Python function `running_median(xs)` that returns the median of every prefix of the "
@@ -99,13 +100,10 @@ def main() -> None:
     if args.token_buckets:
         config.graph_buckets = GraphBuckets(tokens=tuple(int(x) for x in args.token_buckets.split(",")))
     llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=config)
-    import torch._inductor.config as inductor_config
-
     result = {
         "model": args.model, "dtype": args.dtype, "tokens": args.tokens, "chunk": args.chunk, "max_len": args.max_len,
         "token_buckets": list(config.graph_buckets.tokens),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-        "inductor": {k: getattr(inductor_config, k, None) for k in ("deterministic", "batch_invariant")},
+        "device": device_name("cuda"), "versions": library_versions(), "inductor": inductor_modes(),
         "env": {k: os.environ.get(k) for k in ("SELFSPEC_INDUCTOR_DETERMINISTIC", "SELFSPEC_HOST_THREADS")},
         **probe(llm, args.tokens, args.chunk),
     }

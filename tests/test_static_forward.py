@@ -228,9 +228,9 @@ def test_fusion_puts_inductor_in_deterministic_mode(monkeypatch):
     verify step would round a row differently); `SELFSPEC_INDUCTOR_DETERMINISTIC=0` opts out."""
     import torch._inductor.config as inductor_config
 
-    from selfspec.engine.fusion import DETERMINISM_ENV, deterministic_inductor
+    from selfspec.engine.fusion import DETERMINISM_ENV, INDUCTOR_DETERMINISM_FLAGS, deterministic_inductor, inductor_modes
 
-    for name in ("deterministic", "batch_invariant"):
+    for name in INDUCTOR_DETERMINISM_FLAGS:
         if hasattr(inductor_config, name):
             monkeypatch.setattr(inductor_config, name, False)
     monkeypatch.setenv(DETERMINISM_ENV, "0")
@@ -239,3 +239,4 @@ def test_fusion_puts_inductor_in_deterministic_mode(monkeypatch):
     applied = deterministic_inductor()
     assert applied.get("deterministic") is True and inductor_config.deterministic is True
     assert applied.get("batch_invariant", True) is True
+    assert {k: v for k, v in inductor_modes().items() if v is not None} == applied  # what records carry

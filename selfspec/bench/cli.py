@@ -59,6 +59,7 @@ def bench(
     from selfspec.bench.datasets import load_benchmark
     from selfspec.bench.runner import mismatches, record_skipped, run_bench
     from selfspec.run_info import device_name, library_versions
+    from selfspec.engine.fusion import inductor_modes
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
     from selfspec.ssr.config import SuffixOptions
@@ -123,7 +124,7 @@ def bench(
         "date": time.strftime("%Y-%m-%d"),
         "versions": library_versions(),
         "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
-        "inductor": _inductor_modes(),  # deterministic / batch-invariant compiled kernels (engine.fusion)
+        "inductor": inductor_modes(),  # deterministic / batch-invariant compiled kernels
     }
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
     if not samples and not resume and Path(out).exists():
@@ -167,12 +168,6 @@ def _command_line(params: dict) -> str:
         elif value is not None:
             parts += [flag, str(value)]
     return " ".join(parts)
-
-
-def _inductor_modes() -> dict[str, bool | None]:
-    import torch._inductor.config as inductor_config
-
-    return {name: getattr(inductor_config, name, None) for name in ("deterministic", "batch_invariant")}
 
 
 def _dump(obj) -> str:

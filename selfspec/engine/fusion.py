@@ -57,19 +57,23 @@ def _dispatch(eager: Callable, compiled: Callable) -> Callable:
 DETERMINISM_ENV = "SELFSPEC_INDUCTOR_DETERMINISTIC"
 
 
+INDUCTOR_DETERMINISM_FLAGS = ("deterministic", "batch_invariant")
+"""Inductor config flags `deterministic_inductor` sets where this torch has them."""
+
+
 def deterministic_inductor() -> dict[str, bool]:
     """Ask inductor for kernels whose numerics do not depend on timing or on the batch.
 
     Why: by default inductor autotunes its reduction kernels (the RMSNorms compiled here)
     over configs with different block sizes and warp counts, picking the fastest *measured*
-    on the first call — and those configs sum in different orders. A decode step (one token;
-    dynamo specialises sizes of 1, so it is its own kernel) and a verify step (16 tokens) can
-    then round a row differently, and which way depends on the timings a process happened to
-    see. In bf16 that flips near-tied tokens: lossless speculative modes leave the baseline's
-    output, and more so in some processes than others (the H200 sessions 5 and 6). Inductor's
-    `deterministic` mode skips the numerics-changing autotuning; `batch_invariant` (newer
-    torch) also keeps a row's kernel the same for every batch size. Either is set where this
-    torch has it; `SELFSPEC_INDUCTOR_DETERMINISTIC=0` leaves inductor alone (diagnostics).
+    on the first call — and those configs sum in different orders, so a decode step (one
+    token; dynamo specialises sizes of 1) and a verify step could round a row differently,
+    per process. That was the suspect for the bf16 exact-match drop of H200 session 6; session
+    7 measured it and found no difference on the H200 with torch 2.11 (decode and verify
+    logits bitwise equal with the mode on and off; HumanEval runs exact either way). It stays
+    on because it costs nothing measurable and rules the mechanism out on other torch
+    versions and GPUs. `batch_invariant` (newer torch) also keeps a row's kernel the same for
+    every batch size. `SELFSPEC_INDUCTOR_DETERMINISTIC=0` leaves inductor alone (diagnostics).
     Returns the settings applied (empty when none).
     """
     if os.environ.get(DETERMINISM_ENV, "1").strip() == "0":
@@ -77,11 +81,18 @@ def deterministic_inductor() -> dict[str, bool]:
     import torch._inductor.config as inductor_config
 
     applied: dict[str, bool] = {}
-    for name in ("deterministic", "batch_invariant"):
+    for name in INDUCTOR_DETERMINISM_FLAGS:
         if hasattr(inductor_config, name):
             setattr(inductor_config, name, True)
             applied[name] = True
     return applied
+
+
+def inductor_modes() -> dict[str, bool | None]:
+    """The determinism flags as inductor has them now (None: not in this torch), for records."""
+    import torch._inductor.config as inductor_config
+
+    return {name: getattr(inductor_config, name, None) for name in INDUCTOR_DETERMINISM_FLAGS}
 
 
 def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor") -> list[str]:
