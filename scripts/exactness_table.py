@@ -14,15 +14,17 @@ the share of non-baseline records equal to their own baseline. Plain and gzipped
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from selfspec.bench.report import load_records  # noqa: E402
 
 
 def read_records(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as handle:
-        return [json.loads(line) for line in handle if line.strip() and line.lstrip().startswith("{")]
+    """The file's bench records, read as the report reads them (plain or gzipped JSONL)."""
+    return load_records([path])
 
 
 def hashes(records: list[dict]) -> dict[tuple[str, str], str]:
