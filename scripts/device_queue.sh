@@ -18,18 +18,28 @@
 # CUDA_VISIBLE_DEVICES=GPU and Q_OUT=/tmp/out/<queue name> (the file's basename without
 # .txt). Each command's output goes to $Q_OUT/logs/NN.log; $Q_OUT/status.tsv records
 # start, end and exit code per line; a failing command does not stop the queue.
+#
+# Commands run in a snapshot of the tree taken at `start` (/tmp/q_tree/<queue>, `.device`
+# linked), not in the checkout: every later device call re-copies the checkout, and a command
+# that started while that copy was under way failed to import half-written modules (session 8,
+# GPU 0's first line: ModuleNotFoundError).
 set -uo pipefail
 root=/tmp/out
 case "${1:-}" in
   start)
     gpu=$2; queue=$3; name=$(basename "$queue" .txt); qout=$root/$name
     mkdir -p "$qout/logs"; cp "$queue" "$qout/queue.txt"
-    setsid nohup bash "$0" _run "$gpu" "$qout" >"$qout/logs/queue.log" 2>&1 < /dev/null &
+    src=$(pwd); tree=/tmp/q_tree/$name
+    rm -rf "$tree"; mkdir -p "$tree"
+    tar -C "$src" --exclude=./.device -cf - . | tar -C "$tree" -xf -
+    [ -e "$src/.device" ] && ln -s "$src/.device" "$tree/.device"
+    (cd "$tree" && setsid nohup bash scripts/device_queue.sh _run "$gpu" "$qout" >"$qout/logs/queue.log" 2>&1 < /dev/null &)
     echo "device_queue: started $name on GPU $gpu (logs in $qout/logs)"
     ;;
   _run)
     gpu=$2; qout=$3; n=0
     export CUDA_VISIBLE_DEVICES=$gpu Q_OUT=$qout
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the snapshot's package before the checkout's
     while IFS= read -r line || [ -n "$line" ]; do
       [[ -z "${line// }" || "$line" =~ ^[[:space:]]*# ]] && continue
       n=$((n + 1)); log=$(printf '%s/logs/%02d.log' "$qout" "$n")

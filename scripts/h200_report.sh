@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 selfspec=${SELFSPEC:-selfspec}
 command -v "$selfspec" >/dev/null || selfspec=.venv/bin/selfspec
 "$selfspec" bench report benchmarks/results/h200/raw/*.jsonl* \
-  benchmarks/results/h200/session4/raw/smollm2_humaneval_c1.jsonl \
+  benchmarks/results/h200/session4/raw/smollm2_humaneval_c1.jsonl.gz \
   --out-dir benchmarks/results/h200/report
