@@ -272,6 +272,22 @@ def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_withou
     assert "ours beside the paper's rows" in text and "(theirs)" in text and "HumanEval: 2.9% / 14.6%" in text
 
 
+def test_a_loop_dominated_run_gets_no_all_sample_verdict():
+    """Two of three baselines loop: the all-sample 'beats the paper' is withheld, the loop-free one stays."""
+    from selfspec.bench.report import ours_beside_theirs
+
+    records = [
+        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 9.9),
+        _rec("s1", "baseline", 10.0, loop=True), _rec("s1", "prefix+suffix", 2.0),
+        _rec("s2", "baseline", 10.0, loop=True), _rec("s2", "prefix+suffix", 2.0),
+    ]
+    md, (row,) = ours_beside_theirs(group_records(records))
+    assert row["latency_reduction_pct"] > 50.0 and (row["baseline_loops"], row["baseline_samples"]) == (2, 3)
+    assert row["verdict"] == "not comparable (2 of 3 baselines are loops)"
+    assert row["verdict_without_loops"] == "below both"  # 1% on the one loop-free sample
+    assert "| 2 / 3 |" in "\n".join(md)
+
+
 def test_verdict_names_the_model_beaten():
     from selfspec.bench.report import _verdict
 
