@@ -48,6 +48,8 @@ class GenerationResult:
     answer_text: str | None = None
     answer_token_ids: list[int] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # Per output token, the forward shape that chose it (Sequence.output_shapes): a bf16 diagnostic.
+    output_shapes: list[str] = field(default_factory=list)
 
 
 class LLM:
@@ -351,6 +353,7 @@ class LLM:
             answer_text=answer_text,
             answer_token_ids=answer_ids,
             metrics=metrics,
+            output_shapes=list(seq.output_shapes),
         )
 
 

@@ -46,7 +46,9 @@ def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
     for r in records:
         assert r["benchmark"] == "humaneval" and r["settings"]["draft_budget"] == 8 and r["latency_s"] > 0
         assert r["cot_tokens"] == 24 and r["answer_tokens"] == 16  # the fixed-length shape held in every mode
-        assert "_token_ids" not in r  # the in-memory token list is not written
+        assert "_token_ids" not in r and "_token_shapes" not in r  # in-memory lists are not written
+        if r["mode"] != "hf-generate":  # output tokens per forward shape (the engine's modes)
+            assert sum(r["forward_shapes"].values()) == r["output_tokens"] and r["forward_shapes"].get("forced", 0) >= 1
         if r["mode"] == "baseline":
             assert "first_divergence" not in r
         else:  # compared with the baseline run just before in the same process: never left it

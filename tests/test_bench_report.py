@@ -305,3 +305,32 @@ def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
     assert divergence_fields([1, 2, 3, 4], 2, [1, 2, 3, 5]) == {"first_divergence": 3, "first_divergence_phase": "answer"}
     assert divergence_fields([1, 2, 3, 4], 2, [0, 2, 3, 4])["first_divergence_phase"] == "cot"
     assert divergence_fields([1, 2], 1, [1, 2]) == {"first_divergence": None, "first_divergence_phase": None}
+    shaped = divergence_fields([1, 2, 3], 1, [1, 2, 4], ["1x1/k32"] * 3, ["1x1/k32", "1x16/k32", "1x16/k32"])
+    assert shaped["first_divergence_shape"] == "1x16/k32" and shaped["baseline_shape_at_divergence"] == "1x1/k32"
+
+
+def test_divergence_summary_counts_phases_and_shapes():
+    from selfspec.bench.report import _divergence_lines, divergence_summary
+
+    def rec(sid, mode, index=None, phase=None, shape=None, base=None):
+        r = _rec(sid, mode, 10.0)
+        if mode != "baseline":
+            r.update(first_divergence=index, first_divergence_phase=phase)
+            if shape:
+                r.update(first_divergence_shape=shape, baseline_shape_at_divergence=base)
+        return r
+
+    records = [rec(s, "baseline") for s in ("s0", "s1", "s2")] + [
+        rec("s0", "prompt-lookup", 7, "answer", "1x16/k2048", "1x1/k2048"),
+        rec("s1", "prompt-lookup", 3, "cot", "1x16/k1024", "1x1/k1024"),
+        rec("s2", "prompt-lookup"),  # stayed exact
+        rec("s0", "prefix+suffix", 5, "cot"),  # written before shapes were recorded
+    ]
+    (group,) = group_records(records)
+    summary = divergence_summary(group)
+    assert summary["prompt-lookup"] == {"compared": 3, "left_baseline": 2, "in_cot": 1, "in_answer": 1,
+                                        "shapes": [{"mode_shape": "1x16", "baseline_shape": "1x1", "count": 2}]}
+    assert summary["prefix+suffix"]["shapes"] == [{"mode_shape": "?", "baseline_shape": "?", "count": 1}]
+    text = "\n".join(_divergence_lines(summary))
+    assert "| prompt-lookup | 2 / 3 | 1 | 1 | 1x16 ← 1x1: 2 |" in text
+    assert _divergence_lines({}) == []

@@ -116,6 +116,26 @@ def test_verification_chunks_in_token_buckets_match_generate(model):
     assert seq.output_ids == want
     assert seq.stats.accepted_tokens > 0
     assert {t for _, t, _ in engine.runner.static.forwards} >= {4, 8}
+    # Every output token names the forward shape that chose it (bf16 diagnostics in bench records).
+    assert len(seq.output_shapes) == len(seq.output_ids)
+    assert {shape.split("/")[0] for shape in seq.output_shapes} >= {"1x1", "1x4", "1x8"}, set(seq.output_shapes)
+    assert all(shape.split("/k")[1].isdigit() for shape in seq.output_shapes)
+
+
+def test_output_shapes_follow_forced_tokens_and_truncation(model):
+    engine = static_engine(model)
+    (prompt,) = prompts([5], seed=6)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+    while seq.num_output_tokens < 4:
+        engine.step()
+    engine.append_forced(seq, [7, 8])
+    assert seq.output_shapes[-2:] == ["forced", "forced"] and len(seq.output_shapes) == seq.num_output_tokens
+    engine.step()  # the two forced tokens and the last one are fed together: a 4-token bucket
+    assert seq.output_shapes[-1].startswith("1x4/")
+    engine.truncate(seq, seq.prompt_len + 3)
+    assert len(seq.output_shapes) == seq.num_output_tokens == 3
+    run(engine, [seq])
+    assert len(seq.output_shapes) == len(seq.output_ids) == 30
 
 
 def test_fork_in_static_path_continues_exactly(model):

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -479,6 +479,47 @@ def _remove_previous_plots(out_dir: Path) -> None:
             path.unlink()
 
 
+def divergence_summary(group: Group) -> dict[str, dict[str, Any]]:
+    """Per mode: how many records left their baseline's tokens, in which phase, and the forward
+    shapes (batch rows x tokens, key length left out) that chose the first differing token in the
+    mode and in the baseline.
+
+    Why: in bf16 a lossless mode leaves the baseline only where a near-tie rounds differently in a
+    forward of another shape; counting the shapes at the divergences says which ones do (session 8:
+    deterministic divergences, yet the 1/2/4/16-token buckets bitwise equal to decode)."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode in sorted({r["mode"] for r in group.records} - {BASELINE}):
+        recs = [r for r in group.records if r["mode"] == mode and "first_divergence" in r]
+        left = [r for r in recs if r.get("first_divergence") is not None]
+        if not left:
+            continue
+        pairs = Counter(
+            (str(r.get("first_divergence_shape", "?")).split("/")[0], str(r.get("baseline_shape_at_divergence", "?")).split("/")[0])
+            for r in left)
+        out[mode] = {
+            "compared": len(recs), "left_baseline": len(left),
+            "in_cot": sum(r.get("first_divergence_phase") == "cot" for r in left),
+            "in_answer": sum(r.get("first_divergence_phase") == "answer" for r in left),
+            "shapes": [{"mode_shape": m, "baseline_shape": b, "count": n} for (m, b), n in pairs.most_common()],
+        }
+    return out
+
+
+def _divergence_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    if not summary:
+        return []
+    md = ["### Where lossless modes left the baseline's tokens", "",
+          "First differing token per record: its phase, and the forward shape (rows x tokens per row, as padded) that "
+          "chose it in the mode and in the baseline (`forced`: appended by a policy; `?`: records written before "
+          "shapes were recorded).", "",
+          "| mode | left / compared | in CoT | in answer | shapes at the first difference (mode ← baseline: count) |",
+          "|---|---|---|---|---|"]
+    for mode, row in summary.items():
+        shapes = ", ".join(f"{s['mode_shape']} ← {s['baseline_shape']}: {s['count']}" for s in row["shapes"][:4])
+        md.append(f"| {mode} | {row['left_baseline']} / {row['compared']} | {row['in_cot']} | {row['in_answer']} | {shapes} |")
+    return md + [""]
+
+
 def build_report(inputs: list[Path], out_dir: Path) -> Path:
     """Write out_dir/report.md, out_dir/summary.json and the PNG plots; return report.md's path."""
     from selfspec.bench import plots
@@ -517,7 +558,8 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         md += [f"## {group.title}", "", f"Settings: {_settings_line(group.settings)}", ""]
         if group_skipped:
             md += [_skipped_sentence(group_skipped), ""]
-        md += [markdown_table(table), "", *_timing_lines(timing)]
+        divergences = divergence_summary(group)
+        md += [markdown_table(table), "", *_timing_lines(timing), *_divergence_lines(divergences)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
             md += [markdown_table(table_clean), ""]
@@ -532,7 +574,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             "n_samples": len({r["sample_id"] for r in group.records}),
             "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
             "meta": meta, "plots": {"latency": latency_png.name}, "timing_check": timing,
-            "skipped": [r["sample_id"] for r in group_skipped],
+            "skipped": [r["sample_id"] for r in group_skipped], "divergences": divergences,
         })
     for key, entries in skipped_by_group.items():
         if key in run_keys:

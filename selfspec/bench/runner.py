@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -100,7 +101,9 @@ def _engine_record(r, latency: float) -> dict[str, Any]:
         "output_hash": token_hash(r.token_ids),
         "answer_distinct4": distinct_ngram_ratio(answer),
         "answer_text": r.answer_text,
+        "forward_shapes": shape_counts(r.output_shapes),
         "_token_ids": list(r.token_ids),  # for first_divergence; not written
+        "_token_shapes": list(r.output_shapes),
     }
     record["loop"] = record["answer_distinct4"] < LOOP_THRESHOLD
     return record
@@ -240,6 +243,7 @@ def _finish_record(
 ) -> dict[str, Any]:
     """Label, compare with the baseline, score, append to the JSONL file."""
     tokens = rec.pop("_token_ids", None)
+    shapes = rec.pop("_token_shapes", None)
     rec.update(
         sample_id=sample.id,
         benchmark=sample.benchmark,
@@ -254,9 +258,10 @@ def _finish_record(
     rec["exact_match"] = None if ref is None else rec["output_hash"] == ref
     if baseline_tokens is not None and tokens is not None:
         if mode == "baseline":
-            baseline_tokens[sample.id] = (tokens, rec.get("cot_tokens") or 0)
+            baseline_tokens[sample.id] = (tokens, rec.get("cot_tokens") or 0, shapes)
         elif sample.id in baseline_tokens:
-            rec.update(divergence_fields(*baseline_tokens[sample.id], tokens))
+            reference, reference_cot, reference_shapes = baseline_tokens[sample.id]
+            rec.update(divergence_fields(reference, reference_cot, tokens, reference_shapes, shapes))
     if score and rec.get("answer_text") is not None:
         from selfspec.bench.scoring import score as score_fn
 
@@ -275,16 +280,35 @@ def first_divergence(reference: list[int], tokens: list[int]) -> int | None:
     return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
 
 
-def divergence_fields(reference: list[int], reference_cot_tokens: int, tokens: list[int]) -> dict[str, Any]:
-    """Where a mode's output first leaves the baseline's of the same run, and in which phase.
+def shape_counts(shapes: list[str]) -> dict[str, int]:
+    """Output tokens per forward shape, key length left out ("1x1": 1,800, "1x16": 190, ...)."""
+    return dict(Counter(shape.split("/")[0] for shape in shapes))
+
+
+def divergence_fields(
+    reference: list[int],
+    reference_cot_tokens: int,
+    tokens: list[int],
+    reference_shapes: list[str] | None = None,
+    shapes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Where a mode's output first leaves the baseline's of the same run, in which phase, and the
+    forward shapes that chose the two differing tokens.
 
     Why: an inexact lossless run in bf16 is a near-tie that flipped; whether flips cluster late in
-    long sequences (long key lengths), right after the forced end of thinking, or anywhere says
-    which forward shapes round differently — the hash alone cannot."""
+    long sequences (long key lengths), right after the forced end of thinking, or in forwards of one
+    shape (a token bucket, two sequences in one forward) says which kernels round differently — the
+    hash alone cannot."""
     index = first_divergence(reference, tokens)
     if index is None:
         return {"first_divergence": None, "first_divergence_phase": None}
-    return {"first_divergence": index, "first_divergence_phase": "cot" if index < reference_cot_tokens else "answer"}
+    fields: dict[str, Any] = {
+        "first_divergence": index, "first_divergence_phase": "cot" if index < reference_cot_tokens else "answer"}
+    if shapes is not None and index < len(shapes):
+        fields["first_divergence_shape"] = shapes[index]
+    if reference_shapes is not None and index < len(reference_shapes):
+        fields["baseline_shape_at_divergence"] = reference_shapes[index]
+    return fields
 
 
 def _baseline_hashes(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> dict[str, str]:

@@ -225,6 +225,7 @@ class Engine:
     def append_forced(self, seq: Sequence, tokens: list[int]) -> None:
         """Append tokens the model did not sample (e.g. a forced end-of-thinking marker)."""
         seq.token_ids.extend(int(t) for t in tokens)
+        seq.output_shapes.extend(["forced"] * len(tokens))
         seq.forced_token_count += len(tokens)
         if len(seq.token_ids) >= self.max_len and not seq.is_finished:
             self.finish(seq, FinishReason.LENGTH, "context full")
@@ -234,6 +235,7 @@ class Engine:
         if length < seq.prompt_len:
             raise ValueError("cannot truncate into the prompt")
         del seq.token_ids[length:]
+        del seq.output_shapes[length - seq.prompt_len :]
         seq.num_cached = min(seq.num_cached, length - 1)
 
     def cancel(self, seq: Sequence, detail: str = "cancelled") -> None:
@@ -296,17 +298,17 @@ class Engine:
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal))
         logits = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _ in work])
-        argmax = self.runner.last_argmax
+        argmax, shapes = self.runner.last_argmax, self.runner.last_shapes
         self.steps += 1
         events: list[StepEvent] = []
-        for (seq, fed, proposal), chunk, row_logits, row_argmax in zip(work, chunks, logits, argmax):
+        for (seq, fed, proposal), chunk, row_logits, row_argmax, shape in zip(work, chunks, logits, argmax, shapes):
             if seq.is_finished:  # cancelled by a policy earlier in this loop
                 continue
             if chunk.num_logits == 0:
                 seq.num_cached += fed
                 seq.stats.prefill_forwards += 1
                 continue
-            new_tokens = self._commit(seq, fed, proposal, row_logits, row_argmax)
+            new_tokens = self._commit(seq, fed, proposal, row_logits, row_argmax, shape)
             events.append(StepEvent(seq, new_tokens, seq.is_finished))
         # Policies react after every row is committed, so a fork sees a consistent engine.
         for event in events:
@@ -358,6 +360,7 @@ class Engine:
         proposal: Proposal | None,
         logits: torch.Tensor | None,
         argmax: list[int] | None = None,
+        shape: str = "",
     ) -> list[int]:
         """Sample or verify, append, check stops. Returns the tokens appended.
 
@@ -383,6 +386,7 @@ class Engine:
         valid_kv = seq.num_cached + fed + result.num_accepted
         new_tokens = (proposal.tokens[: result.num_accepted] if proposal else []) + [result.next_token]
         appended = self._append_checked(seq, new_tokens)
+        seq.output_shapes.extend([shape] * len(appended))
         if seq.record_probs and probs is not None:
             seq.sampled_probs.extend(probs[: len(appended)])
         seq.num_cached = min(valid_kv, len(seq.token_ids) - 1)

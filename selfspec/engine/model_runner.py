@@ -85,6 +85,11 @@ class ModelRunner:
         self.forwards = 0
         self.eager_forwards = 0
         self.last_argmax: list[list[int] | None] = []
+        # Per chunk of the last `run`: the forward shape that computed it ("2x8/k2048": batch rows x
+        # tokens per row / key length, padded as run; "eager ..." without static forwards). In bf16
+        # the kernels of different shapes may round a row differently: this says which shape a
+        # token came from when a lossless mode leaves the baseline (bench records).
+        self.last_shapes: list[str] = []
         if capture_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
         self.static: StaticForwardPool | None = None
@@ -110,6 +115,7 @@ class ModelRunner:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
         results: list[torch.Tensor | None] = [None] * len(chunks)
         argmax: list[list[int] | None] = [None] * len(chunks)
+        self.last_shapes = [""] * len(chunks)
         with fused() if self.fused_pointwise else contextlib.nullcontext():
             return self._run_groups(chunks, results, argmax, want_logits)
 
@@ -125,10 +131,14 @@ class ModelRunner:
             shape = self.static.shape_for(group_chunks) if self.static is not None else None
             if shape is not None:
                 logits, top = self.static.run(group_chunks, shape)
+                label = f"{shape[0]}x{shape[1]}/k{shape[2]}"
             else:
                 logits = self._forward(group_chunks)
                 top = logits.argmax(dim=-1)
                 self.eager_forwards += 1
+                label = f"eager {len(group_chunks)}x{max(len(c.token_ids) for c in group_chunks)}/k{self._eager_key_length(group_chunks)}"
+            for i in group:
+                self.last_shapes[i] = label
             self.forwards += 1
             width = logits.shape[1]
             # One device-to-host copy per forward: the greedy tokens of every row. It also
@@ -211,6 +221,10 @@ class ModelRunner:
         ratio = self.max_padding_ratio
         return _greedy_groups(chunks, indices, lambda rows, width, real, n: (rows + 1) * width > ratio * (real + n), lambda n: n)
 
+    def _eager_key_length(self, chunks: list[Chunk]) -> int:
+        needed = max(c.start + len(c.token_ids) for c in chunks)
+        return min(self.max_len, -(-needed // self.key_length_bucket) * self.key_length_bucket)
+
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         device = self.device
         chunk_len = max(len(c.token_ids) for c in chunks)
@@ -222,8 +236,7 @@ class ModelRunner:
         starts = torch.tensor([c.start for c in chunks], device=device)
         lengths = torch.tensor([len(c.token_ids) for c in chunks], device=device)
         positions, _ = query_positions(starts, lengths, chunk_len)
-        needed = max(c.start + len(c.token_ids) for c in chunks)
-        key_length = min(self.max_len, -(-needed // self.key_length_bucket) * self.key_length_bucket)
+        key_length = self._eager_key_length(chunks)
         mask = build_additive_mask(positions, key_length, self.dtype)
         if self.has_sliding:
             sliding = build_additive_mask(positions, key_length, self.dtype, self.sliding_window)

@@ -78,6 +78,10 @@ class Sequence:
     # token was drawn from, so a draft can later be verified with its own probabilities.
     record_probs: bool = False
     sampled_probs: list[torch.Tensor] = field(default_factory=list)
+    # One entry per output token: the forward shape whose logits chose it (ModelRunner.last_shapes),
+    # "forced" for tokens a policy appended. Kept aligned by the engine's append/truncate; a
+    # diagnostic for bf16 near-ties (which shape rounded differently), not used for decisions.
+    output_shapes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_len:
