@@ -163,3 +163,30 @@ def test_max_len_fixes_the_engine_size_and_rejects_too_short(bench_run, tmp_path
     assert result.exit_code == 2 and "shorter than" in " ".join(result.output.split())
     result = CliRunner().invoke(app, args + ["--max-len", "100000", "--fresh"])
     assert result.exit_code == 2 and "exceeds" in " ".join(result.output.split())
+
+
+def test_token_buckets_are_recorded_and_validated(bench_run, tmp_path):
+    records, _, root = bench_run
+    assert all(r["token_buckets"] == [1, 2, 4, 8, 16, 32, 64] for r in records)  # the default, recorded
+    model_dir = root / "m"
+    out = tmp_path / "b.jsonl"
+    ok = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "1", "--model", str(model_dir), "--modes", "baseline",
+                                  *LIMITS, "--token-buckets", "1,2,4,16,64", "--out", str(out)])
+    assert ok.exit_code == 0, ok.output
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["token_buckets"] == [1, 2, 4, 16, 64]
+    for bad in ("4,2", "0,4", "x"):
+        result = CliRunner().invoke(app, ["bench", "--model", str(model_dir), "--token-buckets", bad, "--out", str(out)])
+        assert result.exit_code == 2 and "--token-buckets" in result.output, (bad, result.output)
+
+
+def test_ids_select_samples_and_unknown_ids_are_a_clear_error(bench_run, tmp_path):
+    _, _, root = bench_run
+    out = tmp_path / "ids.jsonl"
+    ok = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--ids", "HumanEval/3,HumanEval/1", "--model", str(root / "m"),
+                                  "--modes", "baseline", *LIMITS, "--out", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert [json.loads(line)["sample_id"] for line in out.read_text().splitlines()] == ["HumanEval/1", "HumanEval/3"]
+    bad = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--ids", "HumanEval/1,HumanEval/999", "--model", str(root / "m"),
+                                   "--out", str(out)])
+    assert bad.exit_code == 2 and "HumanEval/999" in bad.output

@@ -28,6 +28,7 @@ def bench(
     modes: str = typer.Option("baseline,prefix,suffix,prefix+suffix", help=f"Comma-separated modes: {', '.join(ALL_MODES)}."),
     limit: Optional[int] = typer.Option(None, help="Number of samples (default: all)."),
     offset: int = typer.Option(0, help="Skip this many samples first."),
+    ids: Optional[str] = typer.Option(None, "--ids", help="Comma-separated sample ids to run (e.g. HumanEval/42,HumanEval/104), in the dataset's order; replaces --offset/--limit. Reruns the samples a diagnostic needs in one process."),
     path: Optional[str] = typer.Option(None, help="Dataset file (or LongProc data dir) of the upstream format."),
     cot_cap: int = typer.Option(2000, help="CoT cap: thinking is closed by force at this many tokens."),
     answer_cap: Optional[int] = typer.Option(None, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."),
@@ -42,6 +43,7 @@ def bench(
     suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    token_buckets: Optional[str] = typer.Option(None, "--token-buckets", help="GPU static forwards: comma-separated tokens-per-row buckets (default 1,2,4,8,16,32,64). A bf16 diagnostic: leaving a bucket out moves its forwards to the next one up, which tests whether that bucket's kernels round near-ties differently."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
     num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
     concurrency: int = typer.Option(1, min=1, help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time."),
@@ -64,6 +66,13 @@ def bench(
     from selfspec.llm import LLM
     from selfspec.ssr.config import SuffixOptions
 
+    from selfspec.engine.static_forward import GraphBuckets
+
+    try:
+        buckets = GraphBuckets(tokens=tuple(int(x) for x in token_buckets.split(","))) if token_buckets else GraphBuckets()
+    except ValueError as err:
+        console.print(f"[red]error:[/] --token-buckets {token_buckets!r}: {err}")
+        raise typer.Exit(2)
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = [m for m in mode_list if m not in ALL_MODES]
     if unknown:
@@ -89,7 +98,18 @@ def bench(
 
         data_version = adapter_data_version(model)  # the items the adapter was trained on (None: the default)
     extra = {"data_version": data_version} if benchmark.startswith("thinker/") and data_version else {}
-    samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset, **extra)
+    if ids is not None:
+        wanted = [i.strip() for i in ids.split(",") if i.strip()]
+        everything = load_benchmark(benchmark, path=path, **extra)
+        known = {s.id for s in everything}
+        missing = [i for i in wanted if i not in known]
+        if missing or not wanted:
+            console.print(f"[red]error:[/] --ids: {', '.join(missing) or 'no ids given'} not in {benchmark} "
+                          f"(ids look like {everything[0].id if everything else '?'})")
+            raise typer.Exit(2)
+        samples = [s for s in everything if s.id in set(wanted)]
+    else:
+        samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset, **extra)
     if "sps" in mode_list and draft is None:
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
@@ -115,7 +135,7 @@ def bench(
     if max_len is not None and max_len > fit.context:
         console.print(f"[red]error:[/] --max-len {max_len} exceeds {loaded.name}'s context of {fit.context} tokens")
         raise typer.Exit(2)
-    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True)
+    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True, graph_buckets=buckets)
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {
         "device": device if device == "cpu" else device_name(device),
@@ -125,6 +145,7 @@ def bench(
         "versions": library_versions(),
         "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
         "inductor": inductor_modes(),  # deterministic / batch-invariant compiled kernels
+        "token_buckets": list(buckets.tokens),  # static forwards' token buckets (a bf16 rounding factor)
     }
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
     if not samples and not resume and Path(out).exists():
