@@ -24,12 +24,13 @@
 # that started while that copy was under way failed to import half-written modules (session 8,
 # GPU 0's first line: ModuleNotFoundError).
 set -uo pipefail
-root=/tmp/out
+root=${DEVICE_QUEUE_ROOT:-/tmp/out}  # overridable for tests
+trees=${DEVICE_QUEUE_TREES:-/tmp/q_tree}
 case "${1:-}" in
   start)
     gpu=$2; queue=$3; name=$(basename "$queue" .txt); qout=$root/$name
     mkdir -p "$qout/logs"; cp "$queue" "$qout/queue.txt"
-    src=$(pwd); tree=/tmp/q_tree/$name
+    src=$(pwd); tree=$trees/$name
     rm -rf "$tree"; mkdir -p "$tree"
     tar -C "$src" --exclude=./.device -cf - . | tar -C "$tree" -xf -
     [ -e "$src/.device" ] && ln -s "$src/.device" "$tree/.device"
