@@ -64,9 +64,8 @@ def bench(
     from selfspec.engine.fusion import inductor_modes
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
-    from selfspec.ssr.config import SuffixOptions
-
     from selfspec.engine.static_forward import GraphBuckets
+    from selfspec.ssr.config import SuffixOptions
 
     try:
         buckets = GraphBuckets(tokens=tuple(int(x) for x in token_buckets.split(","))) if token_buckets else GraphBuckets()
