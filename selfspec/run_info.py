@@ -8,10 +8,12 @@ trusted. One place computes both so every writer says the same thing the same wa
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -20,7 +22,7 @@ def library_versions() -> dict[str, str]:
     """python, torch, transformers and (when installed) peft versions; on a GPU machine also
     the CUDA runtime torch was built with, cuDNN and the driver (what the GPU computes can
     change with them while every Python package's version stays the same)."""
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "selfspec_source": source_hash()}
     for package in ("transformers", "peft"):
         try:
             versions[package] = importlib.metadata.version(package)
@@ -34,6 +36,21 @@ def library_versions() -> dict[str, str]:
         if driver:
             versions["nvidia_driver"] = driver
     return versions
+
+
+@functools.cache
+def source_hash() -> str:
+    """A short hash of the selfspec package's Python sources as they ran.
+
+    Why: results are made from working trees copied to a GPU machine without git, and one
+    benchmark file may be resumed across sessions by changed code (session 8 changed what a
+    step feeds after a forced end of thinking); the hash tells which records one code made."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 @functools.cache

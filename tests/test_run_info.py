@@ -15,6 +15,25 @@ def test_versions_name_the_libraries_that_ran():
     import transformers
 
     assert versions["transformers"] == transformers.__version__
+    assert len(versions["selfspec_source"]) == 12 and int(versions["selfspec_source"], 16) >= 0
+
+
+def test_source_hash_changes_with_the_code(tmp_path, monkeypatch):
+    from selfspec import run_info
+
+    before = run_info.source_hash()
+    run_info.source_hash.cache_clear()
+    package = tmp_path / "selfspec"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(run_info, "__file__", str(package / "run_info.py"))
+    first = run_info.source_hash()
+    run_info.source_hash.cache_clear()
+    (package / "a.py").write_text("x = 2\n")
+    assert run_info.source_hash() != first
+    run_info.source_hash.cache_clear()
+    monkeypatch.undo()
+    assert run_info.source_hash() == before
 
 
 def test_cpu_device_name_says_cpu_and_threads():

@@ -43,7 +43,7 @@ def bench(
     suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    token_buckets: Optional[str] = typer.Option(None, "--token-buckets", help="GPU static forwards: comma-separated tokens-per-row buckets (default 1,2,4,8,16,32,64). A bf16 diagnostic: leaving a bucket out moves its forwards to the next one up, which tests whether that bucket's kernels round near-ties differently."),
+    token_buckets: Optional[str] = typer.Option(None, "--token-buckets", help="Static forwards' tokens-per-row buckets, comma-separated (GPU default 1,2,4,8,16,32,64; given, a CPU engine buckets too). In bf16 kernels of different shapes round differently: e.g. 16,64 puts decode and every verify of <= 16 tokens in one shape."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
     num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
     concurrency: int = typer.Option(1, min=1, help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time."),
@@ -134,7 +134,9 @@ def bench(
     if max_len is not None and max_len > fit.context:
         console.print(f"[red]error:[/] --max-len {max_len} exceeds {loaded.name}'s context of {fit.context} tokens")
         raise typer.Exit(2)
-    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True, graph_buckets=buckets)
+    # --token-buckets also puts a CPU engine on the bucketed static path (a GPU takes it with its graphs).
+    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True, graph_buckets=buckets,
+                                 static_shapes=token_buckets is not None)
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {
         "device": device if device == "cpu" else device_name(device),

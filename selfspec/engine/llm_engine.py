@@ -285,7 +285,12 @@ class Engine:
             return []
         chunks: list[Chunk] = []
         work: list[tuple[Sequence, int, Proposal | None]] = []
-        grouped = self._grouped_proposals([seq for seq, take in plan if take >= len(seq.token_ids) - seq.num_cached])
+        # Proposals ride only on a decode step (one pending token). A step that still feeds a prompt's
+        # tail or forced tokens (an end-of-thinking marker) runs exactly as in plain decoding, so those
+        # tokens' K/V come from a forward of the baseline's own shape: in bf16 a forward of another
+        # length rounds differently (session 8: prompt lookup's first forward, prompt + proposal, gave
+        # every later logit of a CPU bf16 run other bits). Speculation resumes one step later.
+        grouped = self._grouped_proposals([seq for seq, take in plan if len(seq.token_ids) - seq.num_cached == 1])
         for seq, take in plan:
             pending = len(seq.token_ids) - seq.num_cached
             if take < pending:
@@ -293,7 +298,10 @@ class Engine:
                 chunks.append(Chunk(seq.slot, seq.num_cached, chunk, 0))
                 work.append((seq, take, None))
                 continue
-            proposal = grouped.pop(seq.seq_id) if seq.seq_id in grouped else self._proposal_for(seq)
+            if pending > 1:
+                proposal = None
+            else:
+                proposal = grouped.pop(seq.seq_id) if seq.seq_id in grouped else self._proposal_for(seq)
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal))

@@ -234,6 +234,8 @@ class SSRPolicy(ThinkingPolicy):
                 self.answer_verify_steps += 1
             if self._pending_stage == "prefix":
                 self._advance_prefix(accepted, new_tokens)
+            elif self._pending_stage is None and self.stage == "prefix":
+                self._follow_plain_step(new_tokens)
             elif self._pending_stage == "suffix":
                 self.suffix_accepted += accepted
                 self._back_off(accepted)
@@ -252,6 +254,18 @@ class SSRPolicy(ThinkingPolicy):
             return
         self._suffix_fail_streak += 1
         self._suffix_skip = min(1 << min(self._suffix_fail_streak - 1, 20), self.config.suffix_backoff_max)
+
+    def _follow_plain_step(self, new_tokens: list[int]) -> None:
+        """A step without a proposal in the prefix stage (the engine feeds the forced end-of-thinking
+        marker in a plain step, as plain decoding does): the model's own tokens move the cursor while
+        they continue the draft; the first that does not ends the prefix stage."""
+        source = self.prefix_source
+        for token in new_tokens:
+            if self.prefix_cursor < len(source) and token == source[self.prefix_cursor]:
+                self.prefix_cursor += 1
+            else:
+                self._leave_prefix()
+                return
 
     def _advance_prefix(self, accepted: int, new_tokens: list[int]) -> None:
         """Move the cursor over what the model agreed with; leave at the first disagreement."""
