@@ -52,6 +52,11 @@ def static_engine(model, **kw) -> Engine:
     return Engine(model, None, cfg, eos_token_ids=[])
 
 
+def decode_until(engine: Engine, seq, n: int) -> None:
+    while seq.num_output_tokens < n:
+        engine.step()
+
+
 def run(engine: Engine, seqs) -> None:
     for _ in range(10_000):
         if all(s.is_finished for s in seqs):
@@ -126,8 +131,7 @@ def test_output_shapes_follow_forced_tokens_and_truncation(model):
     engine = static_engine(model)
     (prompt,) = prompts([5], seed=6)
     seq = engine.add_request(prompt, SamplingParams(max_tokens=30, ignore_eos=True))
-    while seq.num_output_tokens < 4:
-        engine.step()
+    decode_until(engine, seq, 4)
     engine.append_forced(seq, [7, 8])
     assert seq.output_shapes[-2:] == ["forced", "forced"] and len(seq.output_shapes) == seq.num_output_tokens
     engine.step()  # the two forced tokens and the last one are fed together: a 4-token bucket
@@ -142,8 +146,7 @@ def test_fork_in_static_path_continues_exactly(model):
     engine = static_engine(model)
     (prompt,) = prompts([7], seed=5)
     parent = engine.add_request(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
-    while parent.num_output_tokens < 5:
-        engine.step()
+    decode_until(engine, parent, 5)
     child = engine.fork(parent, [3, 4], params=SamplingParams(max_tokens=10, ignore_eos=True))
     assert child is not None
     context = list(child.token_ids)

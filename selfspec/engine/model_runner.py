@@ -90,6 +90,8 @@ class ModelRunner:
         # the kernels of different shapes may round a row differently: this says which shape a
         # token came from when a lossless mode leaves the baseline (bench records).
         self.last_shapes: list[str] = []
+        self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
+        self._eager_key_length_used = 0  # the last eager forward's key length (its label)
         if capture_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
         self.static: StaticForwardPool | None = None
@@ -131,12 +133,14 @@ class ModelRunner:
             shape = self.static.shape_for(group_chunks) if self.static is not None else None
             if shape is not None:
                 logits, top = self.static.run(group_chunks, shape)
-                label = f"{shape[0]}x{shape[1]}/k{shape[2]}"
+                label = self._shape_labels.get(shape)
+                if label is None:
+                    label = self._shape_labels[shape] = f"{shape[0]}x{shape[1]}/k{shape[2]}"
             else:
                 logits = self._forward(group_chunks)
                 top = logits.argmax(dim=-1)
                 self.eager_forwards += 1
-                label = f"eager {len(group_chunks)}x{max(len(c.token_ids) for c in group_chunks)}/k{self._eager_key_length(group_chunks)}"
+                label = f"eager {logits.shape[0]}x{max(len(c.token_ids) for c in group_chunks)}/k{self._eager_key_length_used}"
             for i in group:
                 self.last_shapes[i] = label
             self.forwards += 1
@@ -221,10 +225,6 @@ class ModelRunner:
         ratio = self.max_padding_ratio
         return _greedy_groups(chunks, indices, lambda rows, width, real, n: (rows + 1) * width > ratio * (real + n), lambda n: n)
 
-    def _eager_key_length(self, chunks: list[Chunk]) -> int:
-        needed = max(c.start + len(c.token_ids) for c in chunks)
-        return min(self.max_len, -(-needed // self.key_length_bucket) * self.key_length_bucket)
-
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         device = self.device
         chunk_len = max(len(c.token_ids) for c in chunks)
@@ -236,7 +236,9 @@ class ModelRunner:
         starts = torch.tensor([c.start for c in chunks], device=device)
         lengths = torch.tensor([len(c.token_ids) for c in chunks], device=device)
         positions, _ = query_positions(starts, lengths, chunk_len)
-        key_length = self._eager_key_length(chunks)
+        needed = max(c.start + len(c.token_ids) for c in chunks)
+        key_length = min(self.max_len, -(-needed // self.key_length_bucket) * self.key_length_bucket)
+        self._eager_key_length_used = key_length
         mask = build_additive_mask(positions, key_length, self.dtype)
         if self.has_sliding:
             sliding = build_additive_mask(positions, key_length, self.dtype, self.sliding_window)
