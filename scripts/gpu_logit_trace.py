@@ -243,6 +243,13 @@ def main() -> None:
                              "on the static path).")
     parser.add_argument("--min-keys", type=int, default=128,
                         help="Smallest key bucket; the engine's length gives every forward one key length.")
+    # Which engine component makes runs part (bisection on the GPU): each off in turn.
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                        help="--no-cuda-graphs: static forwards run without capture (same buckets).")
+    parser.add_argument("--compile-pointwise", action=argparse.BooleanOptionalAction, default=None,
+                        help="--no-compile-pointwise: norms, MLP activation and rotary uncompiled.")
+    parser.add_argument("--slot-attention", action=argparse.BooleanOptionalAction, default=None,
+                        help="--no-slot-attention: static forwards gather keys and run SDPA instead of the Triton kernel.")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -266,9 +273,15 @@ def main() -> None:
     tokens = tuple(int(x) for x in args.token_buckets.split(",")) if args.token_buckets else GraphBuckets().tokens
     config = EngineConfig(num_slots=args.num_slots, max_len=args.max_len or fit.max_len, clamp_max_len=True,
                           graph_buckets=GraphBuckets(tokens=tokens, min_keys=args.min_keys),
-                          static_shapes=args.token_buckets is not None)
+                          static_shapes=args.token_buckets is not None or args.cuda_graphs is False,
+                          cuda_graphs=args.cuda_graphs, compile_pointwise=args.compile_pointwise,
+                          slot_attention=args.slot_attention)
     llm = LLM.from_loaded(loaded, engine_config=config)
-    result = {"model": args.model, "dtype": args.dtype, "token_buckets": list(tokens), "min_keys": args.min_keys, "device": device_name(args.device), "versions": library_versions(),
+    runner = llm.engine.runner
+    result = {"model": args.model, "dtype": args.dtype, "token_buckets": list(tokens), "min_keys": args.min_keys,
+              "engine": {"cuda_graphs": bool(runner.static is not None and runner.static.capture),
+                         "static_shapes": runner.static is not None, "compile_pointwise": bool(runner.fused_pointwise),
+                         "slot_attention": bool(runner.slot_attention)}, "device": device_name(args.device), "versions": library_versions(),
               "engine_max_len": llm.engine.max_len, "settings": settings.to_dict(), "date": time.strftime("%Y-%m-%d"),
               "samples": []}
     for i, sample in enumerate(samples):
