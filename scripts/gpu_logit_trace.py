@@ -21,7 +21,8 @@ K/V differ (layer, writers), and positions one run scored twice with different b
     python scripts/gpu_logit_trace.py --model smollm2 --benchmark humaneval --id HumanEval/42 \\
         --runs baseline,suffix-decoding,prefix+suffix,baseline --max-len 3980 --out trace.json
 
-On the CPU in fp32 every comparison must come out equal (tests/test_logit_trace.py).
+On the CPU with every step in one static shape every comparison comes out equal, in fp32 (tests/test_logit_trace.py)
+and in bf16 over the paper row's 3,505 tokens (benchmarks/results/cpu_bf16_exactness/README.md).
 """
 
 from __future__ import annotations
@@ -166,7 +167,12 @@ class Tracer:
 
 
 def compare(base: RunTrace, other: RunTrace) -> dict:
-    """Where `other` first computes other bits than `base`: tokens, logits, K/V."""
+    """Where `other` first computes other bits than `base`: tokens, logits, K/V.
+
+    Only positions whose context is the same tokens in both runs count. A logits difference's
+    `output_index` is the output token those logits choose; a K/V difference's is the output token
+    whose keys and values differ (negative: a prompt position).
+    """
     n = min(len(base.tokens), len(other.tokens))
     token_div = next((i for i in range(n) if base.tokens[i] != other.tokens[i]), None)
     same_until = token_div if token_div is not None else n  # positions < this hold the same tokens
