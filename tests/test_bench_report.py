@@ -334,3 +334,29 @@ def test_divergence_summary_counts_phases_and_shapes():
     text = "\n".join(_divergence_lines(summary))
     assert "| prompt-lookup | 2 / 3 | 1 | 1 | 1x16 ← 1x1: 2 |" in text
     assert _divergence_lines({}) == []
+
+
+def test_exact_match_is_split_by_package_source_when_a_run_mixes_versions():
+    """A resumed file can span engine versions: the report gives each version's exact-match count."""
+    from selfspec.bench.report import _exactness_by_source_lines, exactness_by_source
+
+    def rec(sid, mode, exact=None, source=None):
+        r = _rec(sid, mode, 10.0)
+        if mode != "baseline":
+            r["exact_match"] = exact
+        if source:
+            r["versions"] = {"selfspec_source": source}
+        return r
+
+    records = [rec(s, "baseline") for s in ("s0", "s1", "s2")] + [
+        rec("s0", "prompt-lookup", True), rec("s1", "prompt-lookup", False, "abc123"),
+        rec("s2", "prompt-lookup", True, "abc123"), rec("s2", "prefix+suffix", True, "abc123"),
+    ]
+    (group,) = group_records(records)
+    by_source = exactness_by_source(group)
+    assert by_source == {"before hashes": {"prompt-lookup": (1, 1)},
+                         "abc123": {"prompt-lookup": (1, 2), "prefix+suffix": (1, 1)}}
+    text = "\n".join(_exactness_by_source_lines(by_source))
+    assert "| abc123 | 1 / 1 | 1 / 2 |" in text and "| before hashes | – | 1 / 1 |" in text
+    one_version = {"abc123": by_source["abc123"]}
+    assert _exactness_by_source_lines(one_version) == []  # nothing to split

@@ -484,9 +484,10 @@ def divergence_summary(group: Group) -> dict[str, dict[str, Any]]:
     shapes (batch rows x tokens, key length left out) that chose the first differing token in the
     mode and in the baseline.
 
-    Why: in bf16 a lossless mode leaves the baseline only where a near-tie rounds differently in a
-    forward of another shape; counting the shapes at the divergences says which ones do (session 8:
-    deterministic divergences, yet the 1/2/4/16-token buckets bitwise equal to decode)."""
+    Why: in bf16 a lossless mode leaves the baseline where a near-tie comes out differently; the
+    shapes at the divergences say whether a forward of another shape chose the token (on a CPU it
+    usually did) or one of the baseline's own shape (on the H200 often: there the runs differ in
+    state, `scripts/gpu_logit_trace.py`)."""
     out: dict[str, dict[str, Any]] = {}
     for mode in sorted({r["mode"] for r in group.records} - {BASELINE}):
         recs = [r for r in group.records if r["mode"] == mode and "first_divergence" in r]
@@ -503,6 +504,36 @@ def divergence_summary(group: Group) -> dict[str, dict[str, Any]]:
             "shapes": [{"mode_shape": m, "baseline_shape": b, "count": n} for (m, b), n in pairs.most_common()],
         }
     return out
+
+
+def exactness_by_source(group: Group) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per package source hash (`versions.selfspec_source`; "before hashes" for older records),
+    per mode: (records equal to their baseline, records compared).
+
+    Why: benchmark files resume across code changes, so one table can mix engines; an exact-match
+    rate is only evidence about the code that produced it."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for r in group.records:
+        if r["mode"] == BASELINE or r.get("exact_match") is None:
+            continue
+        source = (r.get("versions") or {}).get("selfspec_source") or "before hashes"
+        exact, n = out.setdefault(source, {}).get(r["mode"], (0, 0))
+        out[source][r["mode"]] = (exact + bool(r["exact_match"]), n + 1)
+    return out
+
+
+def _exactness_by_source_lines(by_source: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
+    if len(by_source) < 2:
+        return []
+    modes = mode_order({m for per_mode in by_source.values() for m in per_mode})
+    md = ["### Exact match by package source", "",
+          "This run's records come from more than one version of the package (a resumed file spans code changes): "
+          "records equal to their baseline / records compared, per source hash.", "",
+          "| package source | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for source, per_mode in by_source.items():
+        cells = [f"{per_mode[m][0]} / {per_mode[m][1]}" if m in per_mode else "–" for m in modes]
+        md.append(f"| {source} | " + " | ".join(cells) + " |")
+    return md + [""]
 
 
 def _divergence_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
@@ -559,7 +590,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         if group_skipped:
             md += [_skipped_sentence(group_skipped), ""]
         divergences = divergence_summary(group)
-        md += [markdown_table(table), "", *_timing_lines(timing), *_divergence_lines(divergences)]
+        by_source = exactness_by_source(group)
+        md += [markdown_table(table), "", *_timing_lines(timing), *_divergence_lines(divergences),
+               *_exactness_by_source_lines(by_source)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
             md += [markdown_table(table_clean), ""]
@@ -575,6 +608,8 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
             "meta": meta, "plots": {"latency": latency_png.name}, "timing_check": timing,
             "skipped": [r["sample_id"] for r in group_skipped], "divergences": divergences,
+            "exact_match_by_source": {src: {m: {"exact": e, "compared": n} for m, (e, n) in per.items()}
+                                      for src, per in by_source.items()},
         })
     for key, entries in skipped_by_group.items():
         if key in run_keys:
