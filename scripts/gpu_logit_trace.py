@@ -116,7 +116,6 @@ class Tracer:
 
     def __init__(self, llm) -> None:
         self.llm = llm
-        self.trace: RunTrace | None = None
 
     @contextlib.contextmanager
     def recording(self, trace: RunTrace):
@@ -132,7 +131,7 @@ class Tracer:
                 trace.writes.append((chunk.slot, chunk.start, list(chunk.token_ids), label))
                 if logits is None:
                     continue
-                top = logits.topk(2, dim=-1).values if logits.shape[-1] > 1 else torch.cat([logits, logits], -1)
+                top = logits.topk(2, dim=-1).values
                 trace.rows.append((chunk.slot, chunk.start, list(chunk.token_ids), label,
                                    fingerprint(logits).tolist(), logits.argmax(-1).tolist(),
                                    (top[:, 0] - top[:, 1]).tolist()))
