@@ -56,7 +56,7 @@ def test_fp32_runs_compute_the_baselines_bits_everywhere(traced):
     assert [r["mode"] for r in result["runs"]] == ["baseline", "suffix-decoding", "prefix+suffix", "prompt-lookup", "baseline"]
     assert len({r["output_hash"] for r in result["runs"]}) == 1
     for r in result["runs"]:
-        assert r["slot"] >= 0 and r["self_inconsistency"] is None
+        assert r["slot"] >= 0 and r["self_inconsistency"] is None and r["new_compiled_graphs"] == 0
     for c in result["against_first"]:
         assert c["token_divergence"] is None
         assert c["first_logits_difference"] is None, c
