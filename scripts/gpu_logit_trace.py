@@ -213,13 +213,6 @@ def self_inconsistency(trace: RunTrace) -> dict | None:
     return None
 
 
-def _compile_count() -> int:
-    """Graphs torch.compile has built in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: bool = True) -> dict:
     if warm_up:
         _warm_up(llm, [sample], settings, sorted(set(runs)))
@@ -227,7 +220,6 @@ def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: b
     traces, records = [], []
     for mode in runs:
         trace = RunTrace(mode)
-        compiles_before = _compile_count()
         with tracer.recording(trace):
             record = run_engine_mode(llm, sample, mode, settings)
         traces.append(trace)
@@ -236,7 +228,7 @@ def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: b
                         # torch.compile graphs built during the run: eager forwards (prefill, long verify
                         # chunks) call the compiled twins, and a new compilation mid-process could give a
                         # later run of the same shape another kernel than an earlier one.
-                        "new_compiled_graphs": _compile_count() - compiles_before,
+                        "new_compiled_graphs": record["compiled_graphs"],
                         "self_inconsistency": self_inconsistency(trace)})
     return {"sample_id": sample.id, "runs": records, "against_first": [compare(traces[0], t) for t in traces[1:]]}
 

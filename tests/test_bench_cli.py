@@ -49,6 +49,7 @@ def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
         assert "_token_ids" not in r and "_token_shapes" not in r  # in-memory lists are not written
         if r["mode"] != "hf-generate":  # output tokens per forward shape (the engine's modes)
             assert sum(r["forward_shapes"].values()) == r["output_tokens"] and r["forward_shapes"].get("forced", 0) >= 1
+            assert r["compiled_graphs"] == 0  # nothing compiled inside a timed run (the CPU engine compiles nothing)
         if r["mode"] == "baseline":
             assert "first_divergence" not in r
         else:  # compared with the baseline run just before in the same process: never left it
@@ -190,3 +191,18 @@ def test_ids_select_samples_and_unknown_ids_are_a_clear_error(bench_run, tmp_pat
     bad = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--ids", "HumanEval/1,HumanEval/999", "--model", str(root / "m"),
                                    "--out", str(out)])
     assert bad.exit_code == 2 and "HumanEval/999" in bad.output
+
+
+def test_compiled_graph_count_sees_a_compilation():
+    """Records carry `compiled_graphs` (torch.compile graphs built during the timed run): the counter
+    it reads must move when something compiles."""
+    import torch
+
+    from selfspec.bench.runner import compiled_graph_count
+
+    f = torch.compile(lambda x: x * 3 + 1, backend="eager")
+    before = compiled_graph_count()
+    f(torch.ones(4))
+    assert compiled_graph_count() == before + 1
+    f(torch.ones(4))  # cached: nothing new
+    assert compiled_graph_count() == before + 1

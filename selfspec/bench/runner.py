@@ -48,12 +48,26 @@ def _params(s: BenchSettings) -> SamplingParams:
 
 def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) -> dict[str, Any]:
     _sync(llm)
+    compiled = compiled_graph_count()
     start = time.perf_counter()
     (r,) = llm.generate(
         [sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True
     )
     _sync(llm)
-    return _engine_record(r, time.perf_counter() - start)
+    record = _engine_record(r, time.perf_counter() - start)
+    record["compiled_graphs"] = compiled_graph_count() - compiled
+    return record
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has built in this process so far.
+
+    Why: a record whose run compiled something paid for it in its latency, and its eager forwards
+    (prefill, long verify chunks, which call the engine's compiled twins) may have switched kernels
+    mid-process; the warm-up is meant to leave 0 for every timed run."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: BenchSettings) -> list[dict[str, Any]]:
@@ -63,6 +77,7 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     rows to the same batch, exactly as they would for concurrent users.
     """
     _sync(llm)
+    compiled = compiled_graph_count()
     seqs = [
         llm.submit(sample.messages, _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
         for sample in samples
@@ -70,7 +85,8 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     llm.run_until_done(seqs)
     _sync(llm)
     results = [llm.result(seq) for seq in seqs]
-    return [_engine_record(r, r.timings.total) for r in results]
+    compiled = compiled_graph_count() - compiled  # the batch's, given to each of its records
+    return [{**_engine_record(r, r.timings.total), "compiled_graphs": compiled} for r in results]
 
 
 def _engine_record(r, latency: float) -> dict[str, Any]:
