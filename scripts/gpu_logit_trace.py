@@ -220,6 +220,8 @@ def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: b
     traces, records = [], []
     for mode in runs:
         trace = RunTrace(mode)
+        static = llm.engine.runner.static
+        shapes_before = len(static.forwards) if static is not None else 0
         with tracer.recording(trace):
             record = run_engine_mode(llm, sample, mode, settings)
         traces.append(trace)
@@ -229,6 +231,8 @@ def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: b
                         # chunks) call the compiled twins, and a new compilation mid-process could give a
                         # later run of the same shape another kernel than an earlier one.
                         "new_compiled_graphs": record["compiled_graphs"],
+                        # static forwards (CUDA graphs) built during the run: shapes the warm-up missed
+                        "new_static_shapes": (len(static.forwards) if static is not None else 0) - shapes_before,
                         "self_inconsistency": self_inconsistency(trace)})
     return {"sample_id": sample.id, "runs": records, "against_first": [compare(traces[0], t) for t in traces[1:]]}
 

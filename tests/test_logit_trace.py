@@ -57,6 +57,7 @@ def test_fp32_runs_compute_the_baselines_bits_everywhere(traced):
     assert len({r["output_hash"] for r in result["runs"]}) == 1
     for r in result["runs"]:
         assert r["slot"] >= 0 and r["self_inconsistency"] is None and r["new_compiled_graphs"] == 0
+        assert r["new_static_shapes"] == 0  # the bench warm-up built (on a CPU: ran) every shape the runs meet
     for c in result["against_first"]:
         assert c["token_divergence"] is None
         assert c["first_logits_difference"] is None, c
