@@ -263,3 +263,42 @@ def test_fusion_puts_inductor_in_deterministic_mode(monkeypatch):
     assert applied.get("deterministic") is True and inductor_config.deterministic is True
     assert applied.get("batch_invariant", True) is True
     assert {k: v for k, v in inductor_modes().items() if v is not None} == applied  # what records carry
+
+
+def test_proposals_fit_the_largest_token_bucket(model):
+    """A verify chunk is the pending token plus the proposals: with static forwards the engine gives
+    a policy room for at most (largest bucket - 1) proposals, so no verify runs eagerly (on a GPU an
+    eager forward costs Python overhead and computes attention another way, other bf16 bits)."""
+    from selfspec.spec.proposal import Proposal
+
+    (prompt,) = prompts([5], seed=6)
+    want = reference(model, prompt, 40)
+    rooms: list[int] = []
+
+    class Greedy:
+        """Proposes the true continuation, as long as the engine allows."""
+
+        def propose(self, engine, seq, room):
+            rooms.append(room)
+            done = seq.num_output_tokens
+            return Proposal(list(want[done : done + room])) if want[done : done + room] else None
+
+        def verify(self, engine, seq, logits, proposal):
+            return None
+
+        def on_tokens(self, engine, seq, new_tokens):
+            pass
+
+        def on_finish(self, engine, seq):
+            pass
+
+    engine = static_engine(model, max_proposal_tokens=64)
+    largest = max(BUCKETS.tokens)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=40, ignore_eos=True), policy=Greedy())
+    run(engine, [seq])
+    assert seq.output_ids == want
+    assert max(rooms) == largest - 1
+    assert not any(shape.startswith("eager") for shape in seq.output_shapes[1:]), seq.output_shapes
+    assert seq.stats.accepted_tokens >= 30  # the proposals were the true tokens: long verify chunks ran
+    unbounded = Engine(model, None, EngineConfig(num_slots=2, max_len=128, max_proposal_tokens=64), eos_token_ids=[])
+    assert unbounded._max_proposal == 64  # no static forwards: the configured cap

@@ -48,7 +48,9 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = 1024
     max_padding_ratio: float | None = None  # None: 1.5 on CPU (padding costs compute), 16 on GPU
     key_length_bucket: int = 32
-    max_proposal_tokens: int = 64  # long drafts are verified in chunks of this size
+    # Long drafts are verified in chunks of this many proposals (static forwards: at most the
+    # largest token bucket less the pending token, so a verify chunk never runs eagerly).
+    max_proposal_tokens: int = 64
     # CUDA graphs for decode/verify steps (None: on when the model is on a CUDA device).
     cuda_graphs: bool | None = None
     # Static-shape forwards without capture: the graph path's bucketing on any device (tests).
@@ -328,10 +330,24 @@ class Engine:
 
     def _proposal_room(self, seq: Sequence) -> int:
         return min(
-            self.config.max_proposal_tokens,
+            self._max_proposal,
             self.max_len - len(seq.token_ids) - 1,
             seq.params.max_tokens - seq.num_output_tokens - 1,
         )
+
+    @property
+    def _max_proposal(self) -> int:
+        """Proposals per verify step: `max_proposal_tokens`, and with static forwards no more than
+        the largest token bucket holds beside the pending token.
+
+        Why: a verify chunk one token longer than the largest bucket (pending + 64 proposals = 65)
+        ran eagerly — on a GPU a forward with Python overhead instead of a graph replay, and
+        transformers' attention instead of the slot kernel, so other bf16 bits than decode's
+        (session 9: an SSR prefix verify of a long accepted draft, `eager 1x65`)."""
+        static = self.runner.static
+        if static is None:
+            return self.config.max_proposal_tokens
+        return max(1, min(self.config.max_proposal_tokens, max(static.buckets.tokens) - 1))
 
     def _proposal_for(self, seq: Sequence) -> Proposal | None:
         if seq.policy is None:

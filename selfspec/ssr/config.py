@@ -64,7 +64,8 @@ class SSRConfig(BaseModel):
       one accepts more but holds a [draft_len, vocab] tensor per draft.
     prefix_chunk_start / prefix_chunk_max: prefix verification proposes the draft in runs that
       start at `prefix_chunk_start` tokens and double after each fully accepted run, up to
-      `prefix_chunk_max` (and the engine's max_proposal_tokens). An early mismatch then costs
+      `prefix_chunk_max` (and the engine's cap: max_proposal_tokens, with static forwards at most
+      the largest token bucket less the pending token, 63 by default). An early mismatch then costs
       a short verify; a matching draft still goes through in a few forwards. Where a k-token
       verify costs the same as a decode step (GPU), set both to 64.
     speculate_thinking: the parent also speculates its chain of thought with SuffixDecoding
