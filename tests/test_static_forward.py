@@ -269,28 +269,20 @@ def test_proposals_fit_the_largest_token_bucket(model):
     """A verify chunk is the pending token plus the proposals: with static forwards the engine gives
     a policy room for at most (largest bucket - 1) proposals, so no verify runs eagerly (on a GPU an
     eager forward costs Python overhead and computes attention another way, other bf16 bits)."""
+    from selfspec.engine.policy import SequencePolicy
     from selfspec.spec.proposal import Proposal
 
     (prompt,) = prompts([5], seed=6)
     want = reference(model, prompt, 40)
     rooms: list[int] = []
 
-    class Greedy:
+    class Greedy(SequencePolicy):
         """Proposes the true continuation, as long as the engine allows."""
 
         def propose(self, engine, seq, room):
             rooms.append(room)
             done = seq.num_output_tokens
             return Proposal(list(want[done : done + room])) if want[done : done + room] else None
-
-        def verify(self, engine, seq, logits, proposal):
-            return None
-
-        def on_tokens(self, engine, seq, new_tokens):
-            pass
-
-        def on_finish(self, engine, seq):
-            pass
 
     engine = static_engine(model, max_proposal_tokens=64)
     largest = max(BUCKETS.tokens)

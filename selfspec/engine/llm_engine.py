@@ -143,6 +143,7 @@ class Engine:
             static_padding_budget=self.config.static_padding_budget,
         )
         self.max_len = max_len
+        self._max_proposal = self._proposal_cap()
         self.device = device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
@@ -335,9 +336,8 @@ class Engine:
             seq.params.max_tokens - seq.num_output_tokens - 1,
         )
 
-    @property
-    def _max_proposal(self) -> int:
-        """Proposals per verify step: `max_proposal_tokens`, and with static forwards no more than
+    def _proposal_cap(self) -> int:
+        """Proposals per verify step (fixed for the engine's life; set once in __init__): `max_proposal_tokens`, and with static forwards no more than
         the largest token bucket holds beside the pending token.
 
         Why: a verify chunk one token longer than the largest bucket (pending + 64 proposals = 65)
