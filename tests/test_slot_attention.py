@@ -47,17 +47,17 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     from selfspec.engine import slot_attention as sa
 
     ints = ["sq_b", "sq_t", "sq_h", "sq_d", "sk_s", "sk_h", "sk_n", "sk_d", "so_b", "so_t", "so_h", "s_slot", "sp_b",
-            "sp_t", "T", "window", "keys_per_split"]
+            "sp_t", "T", "window", "keys_per_split", "splits"]
     target = GPUTarget("cuda", 90, 32)
     for dtype, splits, ieee in [("bf16", 1, False), ("bf16", 4, False), ("fp32", 2, True)]:
         signature = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "slots_ptr": "*i64",
                      "pos_ptr": "*i64", "out_ptr": f"*{dtype}", "part_ptr": "*fp32", **{n: "i32" for n in ints},
                      "scale": "fp32"}
-        constexprs = {"G": 3, "GP": 16, "D": 64, "BLOCK_N": 64, "SPLITS": splits, "IEEE": ieee}
+        constexprs = {"G": 3, "GP": 16, "D": 64, "BLOCK_N": 64, "SINGLE": splits == 1, "IEEE": ieee}
         signature.update({k: "constexpr" for k in constexprs})
         kernel = triton.compile(ASTSource(fn=sa._slot_attention_kernel, signature=signature, constexprs=constexprs),
                                 target=target)
         assert "ptx" in kernel.asm
     reduce_sig = {"part_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_t": "i32", "so_h": "i32", "T": "i32",
-                  "HQ": "i32", "D": "constexpr", "SPLITS": "constexpr"}
-    triton.compile(ASTSource(fn=sa._reduce_kernel, signature=reduce_sig, constexprs={"D": 64, "SPLITS": 4}), target=target)
+                  "HQ": "i32", "splits": "i32", "D": "constexpr"}
+    triton.compile(ASTSource(fn=sa._reduce_kernel, signature=reduce_sig, constexprs={"D": 64}), target=target)

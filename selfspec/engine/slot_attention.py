@@ -43,15 +43,15 @@ def available(device: torch.device) -> bool:
 
 if HAVE_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["splits"])
     def _slot_attention_kernel(
         q_ptr, k_ptr, v_ptr, slots_ptr, pos_ptr, out_ptr, part_ptr,
         sq_b, sq_t, sq_h, sq_d,
         sk_s, sk_h, sk_n, sk_d,
         so_b, so_t, so_h,
         s_slot, sp_b, sp_t,
-        T, scale, window, keys_per_split,
-        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+        T, scale, window, keys_per_split, splits,
+        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         row = tl.program_id(0)  # b * T + t
@@ -98,38 +98,49 @@ if HAVE_TRITON:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        if SPLITS == 1:
+        if SINGLE:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             tl.store(out_ptr + b * so_b + t * so_t + heads[:, None] * so_h + d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
         else:
-            # partials [rows, Hq, SPLITS, D + 2]: acc, then m and l
+            # partials [rows, Hq, splits, D + 2]: acc, then m and l
             width = D + 2
-            head_stride = SPLITS * width
+            head_stride = splits * width
             row_stride = head_stride * tl.num_programs(1) * G
             p_base = part_ptr + row * row_stride + heads * head_stride + split * width
             tl.store(p_base[:, None] + d[None, :], acc, mask=(g < G)[:, None])
             tl.store(p_base + D, m_i, mask=g < G)
             tl.store(p_base + D + 1, l_i, mask=g < G)
 
-    @triton.jit
-    def _reduce_kernel(part_ptr, out_ptr, so_b, so_t, so_h, T, HQ, D: tl.constexpr, SPLITS: tl.constexpr):
+    @triton.jit(do_not_specialize=["splits"])
+    def _reduce_kernel(part_ptr, out_ptr, so_b, so_t, so_h, T, HQ, splits, D: tl.constexpr):
+        # Merges the splits one after another, in split order, with the number of splits a
+        # runtime value: every key bucket runs this same code, so a position's output does
+        # not depend on how many (empty) splits its forward's key bucket had. A reduction
+        # over `tl.arange(0, SPLITS)` compiled per bucket; its layout (and where fp fusion
+        # put an fma) changed with SPLITS, which rounded a position that a verify chunk wrote
+        # under a larger bucket than decode did differently in bf16 (H200 session 10:
+        # HumanEval/42's first differing K/V at position 1022, written with 4 splits against
+        # decode's 2). Empty splits come last (keys beyond the position) or first (before a
+        # sliding window) and add exactly zero.
         row = tl.program_id(0)
         head = tl.program_id(1)
         b = row // T
         t = row % T
         width = D + 2
-        base = part_ptr + (row * HQ + head) * SPLITS * width
-        s = tl.arange(0, SPLITS)
+        base = part_ptr + (row * HQ + head) * splits * width
         d = tl.arange(0, D)
-        m = tl.load(base + s * width + D)
-        l = tl.load(base + s * width + D + 1)
-        m_max = tl.max(m, axis=0)
+        m_max = tl.load(base + D)
+        for s in range(1, splits):
+            m_max = tl.maximum(m_max, tl.load(base + s * width + D))
         m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
-        acc = tl.load(base + s[:, None] * width + d[None, :])
-        total = tl.sum(acc * w[:, None], axis=0)
-        norm = tl.sum(l * w, axis=0)
+        total = tl.zeros([D], dtype=tl.float32)
+        norm = tl.sum(tl.zeros([D], dtype=tl.float32), axis=0)
+        for s in range(0, splits):
+            m = tl.load(base + s * width + D)
+            w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_safe))
+            total += tl.load(base + s * width + d) * w
+            norm += tl.load(base + s * width + D + 1) * w
         out = total / tl.where(norm > 0, norm, 1.0)
         tl.store(out_ptr + b * so_b + t * so_t + head * so_h + d, out.to(out_ptr.dtype.element_ty))
 
@@ -159,7 +170,6 @@ def slot_attention(
         raise ValueError(f"head_dim {d} must be a power of two >= 16 for the slot-attention kernel")
     groups = hq // hkv
     splits = max(1, math.ceil(key_length / KEYS_PER_SPLIT))
-    splits = 1 << (splits - 1).bit_length()  # a power of two: the reduce kernel's arange
     out = torch.empty((b, t, hq, d), dtype=query.dtype, device=query.device)
     # Every split writes its partial (empty ones: m = -inf, l = 0), so no buffer fills.
     parts = torch.empty((b * t, hq, splits, d + 2), dtype=torch.float32, device=query.device) if splits > 1 else out
@@ -169,12 +179,12 @@ def slot_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
         read_slots.stride(0), positions.stride(0), positions.stride(1),
-        t, float(scale), int(sliding_window or 0), KEYS_PER_SPLIT,
-        G=groups, GP=max(16, 1 << (groups - 1).bit_length()), D=d, BLOCK_N=64, SPLITS=splits,
+        t, float(scale), int(sliding_window or 0), KEYS_PER_SPLIT, splits,
+        G=groups, GP=max(16, 1 << (groups - 1).bit_length()), D=d, BLOCK_N=64, SINGLE=splits == 1,
         IEEE=k_cache.dtype == torch.float32,
     )
     if splits > 1:
-        _reduce_kernel[(b * t, hq)](parts, out, out.stride(0), out.stride(1), out.stride(2), t, hq, D=d, SPLITS=splits)
+        _reduce_kernel[(b * t, hq)](parts, out, out.stride(0), out.stride(1), out.stride(2), t, hq, splits, D=d)
     return out
 
 
