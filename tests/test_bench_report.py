@@ -145,6 +145,21 @@ def test_oracle_at_most_one_gives_no_fraction(tmp_path: Path):
     assert prefix["speedup"] == pytest.approx(2.0) and prefix["oracle_fraction"] is None
 
 
+def test_runs_that_end_inside_thinking_are_counted_and_the_first_answer_mean_says_over_how_many(tmp_path: Path):
+    """Natural lengths: a model that stops (EOS) before closing thinking has no answer and no
+    first answer token; the table counts such runs instead of averaging only the others silently."""
+    no_answer = {"answer_tokens": 0, "first_answer_token_s": None, "thinking_closed_by": ""}
+    records = [_rec("s0", "baseline", 2.0), _rec("s1", "baseline", 1.0, **no_answer),
+               _rec("s0", "prefix", 1.0), _rec("s1", "prefix", 1.0, **no_answer)]
+    out = tmp_path / "rep"
+    md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
+    modes = json.loads((out / "summary.json").read_text())["groups"][0]["modes"]
+    assert modes["baseline"]["no_answer"] == 1 and modes["prefix"]["no_answer"] == 1
+    assert "| loops | no answer |" in md
+    baseline_row = next(line for line in md.splitlines() if line.startswith("| baseline |"))
+    assert "1.10 (1 answered)" in baseline_row and baseline_row.endswith("| 0 | 1 |")
+
+
 @pytest.mark.parametrize("content", ["", "\n\n", '{"sample_id": "s0", "mo'])
 def test_empty_input_is_a_clear_error(tmp_path: Path, content: str):
     path = tmp_path / "empty.jsonl"

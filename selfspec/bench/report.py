@@ -184,6 +184,9 @@ def mode_stats(records: list[Record], baseline: dict[str, Record]) -> dict[str, 
         "pass_rate": _rate(scored),
         "n_scored": len(scored),
         "loops": sum(1 for r in records if r.get("loop") is True),
+        # Natural lengths: a model may end (EOS) while still thinking, so there is no answer to
+        # draft or verify and no first answer token; such runs are counted, not hidden.
+        "no_answer": sum(1 for r in records if r.get("answer_tokens") == 0),
     }
 
 
@@ -285,7 +288,7 @@ def _pct(rate: float | None) -> str:
 
 TABLE_HEADER = (
     "| mode | n | latency (s) | speedup (paired) | latency reduction | accepted prefix | suffix-accepted "
-    "| first answer token (s) | oracle speedup | oracle realized | exact match | pass rate | loops |"
+    "| first answer token (s) | oracle speedup | oracle realized | exact match | pass rate | loops | no answer |"
 )
 
 
@@ -293,12 +296,16 @@ def markdown_table(table: dict[str, dict[str, Any]]) -> str:
     rows = [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
     for mode, s in table.items():
         pass_rate = f"{_pct(s['pass_rate'])} ({s['n_scored']})" if s["n_scored"] else "n/a"
+        no_answer = s.get("no_answer", 0)
+        first_answer = _fmt(s["mean_first_answer_token_s"])
+        if no_answer and s["mean_first_answer_token_s"] is not None:
+            first_answer += f" ({s['n'] - no_answer} answered)"  # a mean over the runs that answered
         rows.append(
             f"| {mode} | {s['n']} | {_fmt(s['mean_latency_s'])} | {_fmt(s['speedup'], '.3f', 'x')} "
             f"| {_fmt(s['latency_reduction_pct'], '.1f', '%')} | {_fmt(s['mean_accepted_prefix'], '.1f')} "
-            f"| {_fmt(s['mean_suffix_accepted_tokens'], '.1f')} | {_fmt(s['mean_first_answer_token_s'])} "
+            f"| {_fmt(s['mean_suffix_accepted_tokens'], '.1f')} | {first_answer} "
             f"| {_fmt(s['mean_oracle_speedup'], '.3f', 'x')} | {_pct(s['oracle_fraction'])} "
-            f"| {_pct(s['exact_match_rate'])} | {pass_rate} | {s['loops']} |"
+            f"| {_pct(s['exact_match_rate'])} | {pass_rate} | {s['loops']} | {no_answer} |"
         )
     return "\n".join(rows)
 
