@@ -206,3 +206,32 @@ def test_compiled_graph_count_sees_a_compilation():
     assert compiled_graph_count() == before + 1
     f(torch.ones(4))  # cached: nothing new
     assert compiled_graph_count() == before + 1
+
+
+def test_mode_order_rotates_through_the_baseline_and_records_are_written_baseline_first(tmp_path: Path, monkeypatch):
+    """The baseline takes every place in the order in turn (a run's place must not favour a
+    mode), yet each sample's records are compared with its baseline and written baseline first."""
+    from selfspec.bench import runner
+
+    calls: list[tuple[str, str]] = []
+    real = runner.run_engine_mode
+
+    def spy(llm, sample, mode, s):
+        if s.cot_cap == 24:  # timed runs (the warm-up's are short)
+            calls.append((sample.id, mode))
+        return real(llm, sample, mode, s)
+
+    monkeypatch.setattr(runner, "run_engine_mode", spy)
+    model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
+                                      "--modes", "baseline,prefix+suffix", *LIMITS, "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert calls == [("HumanEval/0", "baseline"), ("HumanEval/0", "prefix+suffix"),
+                     ("HumanEval/1", "prefix+suffix"), ("HumanEval/1", "baseline")]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["sample_id"], r["mode"], r["run_position"]) for r in records] == [
+        ("HumanEval/0", "baseline", 1), ("HumanEval/0", "prefix+suffix", 2),
+        ("HumanEval/1", "baseline", 2), ("HumanEval/1", "prefix+suffix", 1)]
+    assert all(r["exact_match"] is True for r in records)
+    assert records[3]["first_divergence"] is None  # compared token by token with a baseline that ran after it

@@ -1,8 +1,9 @@
 """Run benchmark samples through every mode, interleaved, one JSONL record per (sample, mode).
 
-Interleaving modes per sample (in an order rotated from sample to sample) spreads machine
-noise over all modes instead of biasing whichever ran last. Records are appended as they
-finish, so a run killed by a time limit resumes where it stopped (`--resume`).
+Interleaving modes per sample (in an order rotated from sample to sample, the baseline
+included) spreads machine noise and any cost of a run's place in the order over all modes
+instead of biasing whichever ran first or last. A sample's records are appended once all its
+modes have run, so a run killed by a time limit resumes at that sample (`--resume`).
 """
 
 from __future__ import annotations
@@ -221,13 +222,14 @@ def run_bench(
     groups = [samples[j : j + group_size] for j in range(0, len(samples), group_size)]
     for i, group in enumerate(groups):
         pending_modes = [m for m in modes if any((sample.id, m) not in done for sample in group)]
-        # Baseline first (its hash is the exactness reference), the rest rotated per group.
-        rest = [m for m in pending_modes if m != "baseline"]
-        if rest:
-            k = i % len(rest)
-            rest = rest[k:] + rest[:k]
-        order = (["baseline"] if "baseline" in pending_modes else []) + rest
-        for mode in order:
+        # Every mode, the baseline too, takes each place in the order in turn: on the H200 the
+        # baseline, always first, ran ~9% slower per forward than the same steps in later
+        # runs (session 10, thinker v4b on HumanEval: runs that ended inside thinking, where
+        # SSR does strictly more work), which flattered every other mode.
+        k = i % len(pending_modes) if pending_modes else 0
+        order = pending_modes[k:] + pending_modes[:k]
+        ran: dict[str, list[tuple[BenchSample, dict[str, Any]]]] = {}
+        for position, mode in enumerate(order, start=1):
             todo_samples = [sample for sample in group if (sample.id, mode) not in done]
             if mode in EXTERNAL_MODES:
                 recs = [run_external_mode(llm, sample, mode, settings) for sample in todo_samples]
@@ -235,11 +237,17 @@ def run_bench(
                 recs = [run_engine_mode(llm, todo_samples[0], mode, settings)]
             else:
                 recs = run_engine_mode_batch(llm, todo_samples, mode, settings)
-            for sample, rec in zip(todo_samples, recs):
+            for rec in recs:
+                rec["run_position"] = position  # place in the group's order (the report can check for bias)
+            ran[mode] = list(zip(todo_samples, recs))
+            if bar is not None:
+                bar.update(len(recs))
+        # Written once the group has run, baseline first (its tokens are the exactness reference),
+        # and scored after every timed run of the group: a group cut short leaves no records.
+        for mode in pending_modes:
+            for sample, rec in ran[mode]:
                 new.append(_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, out_path,
                                           baseline_tokens))
-                if bar is not None:
-                    bar.update(1)
     if bar is not None:
         bar.close()
     return new
