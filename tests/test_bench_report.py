@@ -160,6 +160,23 @@ def test_runs_that_end_inside_thinking_are_counted_and_the_first_answer_mean_say
     assert "1.10 (1 answered)" in baseline_row and baseline_row.endswith("| 0 | 1 |")
 
 
+def test_time_per_forward_by_place_in_the_run_order(tmp_path: Path):
+    """With the order rotated, a place that costs more shows in every mode (session 10: the
+    always-first baseline ran ~9% slower per forward)."""
+    records = [_rec("s0", "baseline", 1.1, forwards=100, run_position=1), _rec("s0", "prefix", 1.0, forwards=100, run_position=2),
+               _rec("s1", "prefix", 1.1, forwards=100, run_position=1), _rec("s1", "baseline", 1.0, forwards=100, run_position=2)]
+    out = tmp_path / "rep"
+    md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
+    check = json.loads((out / "summary.json").read_text())["groups"][0]["run_position_check"]
+    assert check["baseline"]["1"] == {"n": 1, "median_ms_per_forward": pytest.approx(11.0)}
+    assert check["prefix"]["2"]["median_ms_per_forward"] == pytest.approx(10.0)
+    assert "### Time per forward by place in the run order" in md
+    assert "| baseline | 11.000 (1) | 10.000 (1) |" in md
+    # records from before run_position: no table
+    old = [{k: v for k, v in r.items() if k != "run_position"} for r in records]
+    assert "by place in the run order" not in build_report([_write(tmp_path / "o.jsonl", old)], tmp_path / "o").read_text()
+
+
 @pytest.mark.parametrize("content", ["", "\n\n", '{"sample_id": "s0", "mo'])
 def test_empty_input_is_a_clear_error(tmp_path: Path, content: str):
     path = tmp_path / "empty.jsonl"

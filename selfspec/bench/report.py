@@ -598,8 +598,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             md += [_skipped_sentence(group_skipped), ""]
         divergences = divergence_summary(group)
         by_source = exactness_by_source(group)
-        md += [markdown_table(table), "", *_timing_lines(timing), *_divergence_lines(divergences),
-               *_exactness_by_source_lines(by_source)]
+        positions = position_check(group)
+        md += [markdown_table(table), "", *_timing_lines(timing), *_position_lines(positions),
+               *_divergence_lines(divergences), *_exactness_by_source_lines(by_source)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
             md += [markdown_table(table_clean), ""]
@@ -614,6 +615,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             "n_samples": len({r["sample_id"] for r in group.records}),
             "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
             "meta": meta, "plots": {"latency": latency_png.name}, "timing_check": timing,
+            "run_position_check": {m: {str(p): v for p, v in per.items()} for m, per in positions.items()},
             "skipped": [r["sample_id"] for r in group_skipped], "divergences": divergences,
             "exact_match_by_source": {src: {m: {"exact": e, "compared": n} for m, (e, n) in per.items()}
                                       for src, per in by_source.items()},
@@ -704,6 +706,40 @@ def _timing_lines(check: dict[str, Any]) -> list[str]:
         lines.append(f"- {f['mode']}, batch {f['batch']} (samples {f['batch'] * check['concurrency']}–"
                      f"{(f['batch'] + 1) * check['concurrency'] - 1} in run order): {f['ms_per_forward']:.2f} ms per forward "
                      f"vs median {f['median_ms']:.2f}")
+    return lines + [""]
+
+
+def position_check(group: Group) -> dict[str, dict[int, dict[str, float]]]:
+    """Median time per forward of each mode at each place in its sample's run order.
+
+    Why: session 10 found the baseline, then always first, ~9% slower per forward than the same
+    steps run later (H200, half-second requests), which flattered every other mode. The runner
+    now rotates every mode through every place and records `run_position`; this table shows
+    whether a place still costs something (a mode slower in one place than in the others).
+    Empty for records written before `run_position` existed.
+    """
+    cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rec in group.records:
+        position, forwards, latency = rec.get("run_position"), rec.get("forwards"), rec.get("latency_s")
+        if position and forwards and latency:
+            cells[rec["mode"]][int(position)].append(1e3 * latency / forwards)
+    return {mode: {pos: {"n": len(v), "median_ms_per_forward": statistics.median(v)} for pos, v in sorted(per.items())}
+            for mode, per in cells.items()}
+
+
+def _position_lines(check: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+    positions = sorted({p for per in check.values() for p in per})
+    if len(positions) < 2:
+        return []
+    lines = ["### Time per forward by place in the run order", "",
+             "Median ms per forward (n) of each mode at each place in its sample's order; the order rotates from "
+             "sample to sample, so a place that costs more shows as a column that is higher for every mode.", "",
+             "| mode | " + " | ".join(f"place {p}" for p in positions) + " |",
+             "|---|" + "---|" * len(positions)]
+    for mode in mode_order(check):
+        cells = [f"{check[mode][p]['median_ms_per_forward']:.3f} ({check[mode][p]['n']})" if p in check[mode] else "–"
+                 for p in positions]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
