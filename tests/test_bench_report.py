@@ -320,6 +320,22 @@ def test_a_loop_dominated_run_gets_no_all_sample_verdict():
     assert "| 2 / 3 |" in "\n".join(md)
 
 
+def test_a_run_where_most_baselines_give_no_answer_gets_no_verdict():
+    """Natural lengths: two of three baselines end inside thinking; neither verdict compares them with the paper."""
+    from selfspec.bench.report import ours_beside_theirs
+
+    no_answer = {"answer_tokens": 0, "first_answer_token_s": None}
+    records = [
+        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 5.0),
+        _rec("s1", "baseline", 10.0, **no_answer), _rec("s1", "prefix+suffix", 9.0, **no_answer),
+        _rec("s2", "baseline", 10.0, **no_answer), _rec("s2", "prefix+suffix", 9.0, **no_answer),
+    ]
+    md, (row,) = ours_beside_theirs(group_records(records))
+    assert row["baseline_no_answer"] == 2
+    assert row["verdict"] == row["verdict_without_loops"] == "not comparable (2 of 3 baselines give no answer)"
+    assert "| 0 / 3 | 2 |" in "\n".join(md)
+
+
 def test_verdict_names_the_model_beaten():
     from selfspec.bench.report import _verdict
 

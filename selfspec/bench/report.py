@@ -376,6 +376,17 @@ def _verdict_all_samples(ours_pct: float | None, row: str | None, loops: int, sa
     return _verdict(ours_pct, row)
 
 
+def _withheld_for_no_answer(verdict: str, row: str | None, no_answer: int, samples: int) -> str:
+    """A verdict withheld when most baselines end inside thinking (natural lengths, no answer).
+
+    Why: the paper's rows time requests that answer; a run where most requests stop while still
+    thinking has no answer to draft or verify (session 10: the thinker on HumanEval, 55 of 103),
+    so its number says nothing about the paper's question."""
+    if row is not None and samples and no_answer / samples > LOOP_DOMINATED_SHARE:
+        return f"not comparable ({no_answer} of {samples} baselines give no answer)"
+    return verdict
+
+
 def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, Any]]]:
     """One line per run with full SSR (prefix+suffix): our latency reduction on all samples and on
     the samples whose baseline is not a loop, beside the paper's row for that benchmark.
@@ -392,15 +403,21 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
         clean = group.table(exclude=excluded).get(FULL_SSR_MODE) if excluded else ours
         row = _paper_row(group.benchmark)
         baselines = len({r["sample_id"] for r in group.records if r["mode"] == BASELINE})
+        base_stats = table.get(BASELINE) or {}
+        no_answer = base_stats.get("no_answer", 0)
+        clean_no_answer = (group.table(exclude=excluded).get(BASELINE) or {}).get("no_answer", 0) if excluded else no_answer
+        verdict = _verdict_all_samples(ours["latency_reduction_pct"], row, len(excluded), baselines)
+        verdict_clean = _verdict(clean["latency_reduction_pct"], row) if clean else "n/a"
         rows.append({
             "run": group.title, "n": ours["n"], "latency_reduction_pct": ours["latency_reduction_pct"],
-            "baseline_loops": len(excluded), "baseline_samples": baselines,
+            "baseline_loops": len(excluded), "baseline_samples": baselines, "baseline_no_answer": no_answer,
             "n_without_loops": clean["n"] if clean else 0,
             "latency_reduction_pct_without_loops": clean["latency_reduction_pct"] if clean else None,
             "accepted_prefix": ours["mean_accepted_prefix"], "exact_match_rate": ours["exact_match_rate"],
             "paper_row": row,
-            "verdict": _verdict_all_samples(ours["latency_reduction_pct"], row, len(excluded), baselines),
-            "verdict_without_loops": _verdict(clean["latency_reduction_pct"], row) if clean else "n/a",
+            "verdict": _withheld_for_no_answer(verdict, row, no_answer, baselines),
+            "verdict_without_loops": (_withheld_for_no_answer(verdict_clean, row, clean_no_answer, baselines - len(excluded))
+                                      if clean else "n/a"),
         })
     if not rows:
         return [], rows
@@ -408,15 +425,15 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
           "Latency reduction against the baseline of the same run; the paper's numbers (patched vLLM, 4B models) "
           "are theirs. Runs on our own thinker workload have no paper row. Where more than half of a run's "
           "baselines are loops, its all-sample number gets no verdict: a draft that repeats the baseline's loop "
-          "is accepted for free.", "",
-          "| run | n | baseline loops | ours | ours without loop samples (n) | accepted prefix | exact match | paper row: "
-          + " / ".join(PAPER_MODELS) + " (theirs) | verdict (all / without loops) |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "is accepted for free; likewise where more than half end inside thinking with no answer (natural lengths).", "",
+          "| run | n | baseline loops | baseline no answer | ours | ours without loop samples (n) | accepted prefix "
+          "| exact match | paper row: " + " / ".join(PAPER_MODELS) + " (theirs) | verdict (all / without loops) |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         theirs = ("–" if r["paper_row"] is None else f"{r['paper_row']}: "
                   + " / ".join(f"{PAPER_LATENCY_REDUCTION_PCT[r['paper_row']][m]:.1f}%" for m in PAPER_MODELS))
         md.append(f"| {r['run']} | {r['n']} | {r['baseline_loops']} / {r['baseline_samples']} "
-                  f"| {_fmt(r['latency_reduction_pct'], '.1f', '%')} "
+                  f"| {r['baseline_no_answer']} | {_fmt(r['latency_reduction_pct'], '.1f', '%')} "
                   f"| {_fmt(r['latency_reduction_pct_without_loops'], '.1f', '%')} ({r['n_without_loops']}) "
                   f"| {_fmt(r['accepted_prefix'], '.1f')} | {_pct(r['exact_match_rate'])} | {theirs} "
                   f"| {r['verdict']} / {r['verdict_without_loops']} |")
