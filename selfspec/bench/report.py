@@ -365,26 +365,22 @@ def _verdict(ours_pct: float | None, row: str | None) -> str:
 LOOP_DOMINATED_SHARE = 0.5  # above this share of loop baselines, a run's all-sample number is not a paper-row answer
 
 
-def _verdict_all_samples(ours_pct: float | None, row: str | None, loops: int, samples: int) -> str:
-    """The all-sample verdict, withheld when most baselines are loops.
+def _verdict_all_samples(ours_pct: float | None, row: str | None, samples: int, *, loops: int = 0,
+                         no_answer: int = 0) -> str:
+    """The verdict, withheld when most baselines are loops or end inside thinking.
 
     Why: a draft that falls into the baseline's own loop is accepted for free, so a run made mostly
     of loops can "beat" the paper without saving a user anything (session 8: Gemma-3-270M, a base
-    model forced 3,500 tokens past its prompt, 92 of 92 baselines loops, 19.5% "faster")."""
-    if row is not None and samples and loops / samples > LOOP_DOMINATED_SHARE:
-        return f"not comparable ({loops} of {samples} baselines are loops)"
+    model forced 3,500 tokens past its prompt, 92 of 92 baselines loops, 19.5% "faster"). And the
+    paper's rows time requests that answer: a run where most requests stop while still thinking
+    (natural lengths; session 10: the thinker on HumanEval, 55 of 103) has no answer to draft or
+    verify, so its number says nothing about the paper's question."""
+    if row is not None and samples:
+        if loops / samples > LOOP_DOMINATED_SHARE:
+            return f"not comparable ({loops} of {samples} baselines are loops)"
+        if no_answer / samples > LOOP_DOMINATED_SHARE:
+            return f"not comparable ({no_answer} of {samples} baselines give no answer)"
     return _verdict(ours_pct, row)
-
-
-def _withheld_for_no_answer(verdict: str, row: str | None, no_answer: int, samples: int) -> str:
-    """A verdict withheld when most baselines end inside thinking (natural lengths, no answer).
-
-    Why: the paper's rows time requests that answer; a run where most requests stop while still
-    thinking has no answer to draft or verify (session 10: the thinker on HumanEval, 55 of 103),
-    so its number says nothing about the paper's question."""
-    if row is not None and samples and no_answer / samples > LOOP_DOMINATED_SHARE:
-        return f"not comparable ({no_answer} of {samples} baselines give no answer)"
-    return verdict
 
 
 def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -400,14 +396,12 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
         if not ours:
             continue
         excluded = set(group.baseline_loop_samples())
-        clean = group.table(exclude=excluded).get(FULL_SSR_MODE) if excluded else ours
+        clean_table = group.table(exclude=excluded) if excluded else table
+        clean = clean_table.get(FULL_SSR_MODE)
         row = _paper_row(group.benchmark)
         baselines = len({r["sample_id"] for r in group.records if r["mode"] == BASELINE})
-        base_stats = table.get(BASELINE) or {}
-        no_answer = base_stats.get("no_answer", 0)
-        clean_no_answer = (group.table(exclude=excluded).get(BASELINE) or {}).get("no_answer", 0) if excluded else no_answer
-        verdict = _verdict_all_samples(ours["latency_reduction_pct"], row, len(excluded), baselines)
-        verdict_clean = _verdict(clean["latency_reduction_pct"], row) if clean else "n/a"
+        no_answer = (table.get(BASELINE) or {}).get("no_answer", 0)
+        clean_no_answer = (clean_table.get(BASELINE) or {}).get("no_answer", 0)
         rows.append({
             "run": group.title, "n": ours["n"], "latency_reduction_pct": ours["latency_reduction_pct"],
             "baseline_loops": len(excluded), "baseline_samples": baselines, "baseline_no_answer": no_answer,
@@ -415,9 +409,10 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
             "latency_reduction_pct_without_loops": clean["latency_reduction_pct"] if clean else None,
             "accepted_prefix": ours["mean_accepted_prefix"], "exact_match_rate": ours["exact_match_rate"],
             "paper_row": row,
-            "verdict": _withheld_for_no_answer(verdict, row, no_answer, baselines),
-            "verdict_without_loops": (_withheld_for_no_answer(verdict_clean, row, clean_no_answer, baselines - len(excluded))
-                                      if clean else "n/a"),
+            "verdict": _verdict_all_samples(ours["latency_reduction_pct"], row, baselines, loops=len(excluded),
+                                            no_answer=no_answer),
+            "verdict_without_loops": (_verdict_all_samples(clean["latency_reduction_pct"], row, baselines - len(excluded),
+                                                           no_answer=clean_no_answer) if clean else "n/a"),
         })
     if not rows:
         return [], rows
