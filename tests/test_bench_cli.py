@@ -235,3 +235,34 @@ def test_mode_order_rotates_through_the_baseline_and_records_are_written_baselin
         ("HumanEval/1", "baseline", 2), ("HumanEval/1", "prefix+suffix", 1)]
     assert all(r["exact_match"] is True for r in records)
     assert records[3]["first_divergence"] is None  # compared token by token with a baseline that ran after it
+
+
+def test_every_sample_gets_short_untimed_runs_before_its_timed_ones(tmp_path: Path, monkeypatch):
+    """The first timed run of a sample must not pay for its prompt's first prefill or an idle
+    GPU (session 11: +7-15% per forward at place 1 in every mode): each group is warmed with
+    short runs of its own samples, and `--no-group-warm-up` turns that off."""
+    from selfspec.bench import runner
+
+    def run(flag: list[str]) -> list[tuple[str, str, str]]:
+        calls: list[tuple[str, str, str]] = []
+        real = runner.run_engine_mode
+
+        def spy(llm, sample, mode, s):
+            calls.append((sample.id, mode, "timed" if s.cot_cap == 24 else "short"))
+            return real(llm, sample, mode, s)
+
+        monkeypatch.setattr(runner, "run_engine_mode", spy)
+        model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
+        out = tmp_path / f"r{len(flag)}.jsonl"
+        result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
+                                          "--modes", "baseline,prefix+suffix", *LIMITS, "--out", str(out), *flag])
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert all(r["group_warm_up"] is (not flag) for r in records)
+        return calls
+
+    warmed = run([])
+    second = warmed.index(("HumanEval/1", "prefix+suffix", "timed"))
+    assert warmed[second - 2:second] == [("HumanEval/1", "baseline", "short"), ("HumanEval/1", "prefix+suffix", "short")]
+    cold = run(["--no-group-warm-up"])
+    assert not [c for c in cold if c[0] == "HumanEval/1" and c[2] == "short"]

@@ -177,6 +177,22 @@ def test_time_per_forward_by_place_in_the_run_order(tmp_path: Path):
     assert "by place in the run order" not in build_report([_write(tmp_path / "o.jsonl", old)], tmp_path / "o").read_text()
 
 
+def test_place_tables_split_by_the_per_sample_warm_up(tmp_path: Path):
+    """Records with and without the per-sample warm-up get a place table each, so a run resumed
+    across the change shows whether the warm-up removed the first place's cost."""
+    cold = [_rec("s0", "baseline", 1.2, forwards=100, run_position=1), _rec("s0", "prefix", 1.0, forwards=100, run_position=2)]
+    warm = [_rec("s1", "prefix", 1.0, forwards=100, run_position=1, group_warm_up=True),
+            _rec("s1", "baseline", 1.0, forwards=100, run_position=2, group_warm_up=True)]
+    md = build_report([_write(tmp_path / "r.jsonl", cold + warm)], tmp_path / "rep").read_text()
+    without = md.index("samples without the per-sample warm-up")
+    with_ = md.index("samples with the per-sample warm-up")
+    assert "| baseline | 12.000 (1) | – |" in md[without:with_]
+    assert "| baseline | – | 10.000 (1) |" in md[with_:]
+    # one kind only: one table, no label
+    only_warm = build_report([_write(tmp_path / "w.jsonl", warm)], tmp_path / "w").read_text()
+    assert "### Time per forward by place in the run order\n" in only_warm
+
+
 @pytest.mark.parametrize("content", ["", "\n\n", '{"sample_id": "s0", "mo'])
 def test_empty_input_is_a_clear_error(tmp_path: Path, content: str):
     path = tmp_path / "empty.jsonl"

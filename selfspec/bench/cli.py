@@ -53,6 +53,7 @@ def bench(
     check_exact: bool = typer.Option(True, "--check-exact/--no-check-exact", help="Compare each mode's tokens with the baseline's; list mismatches."),
     score: bool = typer.Option(False, "--score/--no-score", help="Grade answers with the benchmark's checker (subprocess)."),
     seed: int = typer.Option(0, help="Sampling seed (greedy runs ignore it)."),
+    group_warm_up: bool = typer.Option(True, "--group-warm-up/--no-group-warm-up", help="Short untimed runs of every sample before its timed ones, so that the first timed run (whichever mode has that place) does not pay for a new prompt shape or an idle GPU."),
     data_version: Optional[str] = typer.Option(None, help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1)."),
 ) -> None:
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
@@ -151,7 +152,8 @@ def bench(
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
     if not samples and not resume and Path(out).exists():
         Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
-    records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta) if samples else []
+    records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta,
+                        warm_each_group=group_warm_up) if samples else []
     record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)  # after run_bench: --fresh clears the file
     if check_exact:
         bad = mismatches(records)

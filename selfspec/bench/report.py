@@ -611,7 +611,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         divergences = divergence_summary(group)
         by_source = exactness_by_source(group)
         positions = position_check(group)
-        md += [markdown_table(table), "", *_timing_lines(timing), *_position_lines(positions),
+        md += [markdown_table(table), "", *_timing_lines(timing), *_position_tables(group, positions),
                *_divergence_lines(divergences), *_exactness_by_source_lines(by_source)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
@@ -721,17 +721,20 @@ def _timing_lines(check: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def position_check(group: Group) -> dict[str, dict[int, dict[str, float]]]:
+def position_check(group: Group, warmed: bool | None = None) -> dict[str, dict[int, dict[str, float]]]:
     """Median time per forward of each mode at each place in its sample's run order.
 
     Why: session 10 found the baseline, then always first, ~9% slower per forward than the same
     steps run later (H200, half-second requests), which flattered every other mode. The runner
     now rotates every mode through every place and records `run_position`; this table shows
     whether a place still costs something (a mode slower in one place than in the others).
-    Empty for records written before `run_position` existed.
+    Empty for records written before `run_position` existed. `warmed`: only records whose
+    sample had (True) or had not (False) short untimed runs before its timed ones.
     """
     cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rec in group.records:
+        if warmed is not None and bool(rec.get("group_warm_up")) != warmed:
+            continue
         position, forwards, latency = rec.get("run_position"), rec.get("forwards"), rec.get("latency_s")
         if position and forwards and latency:
             cells[rec["mode"]][int(position)].append(1e3 * latency / forwards)
@@ -739,11 +742,21 @@ def position_check(group: Group) -> dict[str, dict[int, dict[str, float]]]:
             for mode, per in cells.items()}
 
 
-def _position_lines(check: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+def _position_tables(group: Group, everything: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+    """One place table, or two where a run's records differ in the per-sample warm-up (session 12
+    added it against session 11's place-1 cost): the pair shows whether the warm-up removed it."""
+    flags = {bool(r.get("group_warm_up")) for r in group.records if r.get("run_position")}
+    if len(flags) < 2:
+        return _position_lines(everything)
+    return (_position_lines(position_check(group, warmed=False), " — samples without the per-sample warm-up")
+            + _position_lines(position_check(group, warmed=True), " — samples with the per-sample warm-up"))
+
+
+def _position_lines(check: dict[str, dict[int, dict[str, float]]], label: str = "") -> list[str]:
     positions = sorted({p for per in check.values() for p in per})
     if len(positions) < 2:
         return []
-    lines = ["### Time per forward by place in the run order", "",
+    lines = [f"### Time per forward by place in the run order{label}", "",
              "Median ms per forward (n) of each mode at each place in its sample's order; the order rotates from "
              "sample to sample, so a place that costs more shows as a column that is higher for every mode.", "",
              "| mode | " + " | ".join(f"place {p}" for p in positions) + " |",
