@@ -266,3 +266,33 @@ def test_every_sample_gets_short_untimed_runs_before_its_timed_ones(tmp_path: Pa
     assert warmed[second - 2:second] == [("HumanEval/1", "baseline", "short"), ("HumanEval/1", "prefix+suffix", "short")]
     cold = run(["--no-group-warm-up"])
     assert not [c for c in cold if c[0] == "HumanEval/1" and c[2] == "short"]
+
+
+def test_global_suffix_history_does_not_leak_a_sample_between_its_own_mode_runs(tmp_path: Path, monkeypatch):
+    """With "global" among the suffix sources, each timed run of a sample starts from the
+    shared history as it stood before that sample (an earlier mode's answer to the same prompt
+    would be proposed for free), and the next sample sees the response the sample left."""
+    from selfspec.bench import runner
+
+    seen: list[tuple[str, str, int, int]] = []
+    real = runner.run_engine_mode
+
+    def spy(llm, sample, mode, s):
+        if s.cot_cap == 24:
+            history = llm.global_history
+            seen.append((sample.id, mode, len(history), history.total_tokens))
+        return real(llm, sample, mode, s)
+
+    monkeypatch.setattr(runner, "run_engine_mode", spy)
+    model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
+                                      "--modes", "baseline,prefix+suffix,suffix", "--suffix-sources", "draft,global",
+                                      *LIMITS, "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    first = {s[2:] for s in seen if s[0] == "HumanEval/0"}
+    second = {s[2:] for s in seen if s[0] == "HumanEval/1"}
+    assert first == {(0, 0)}  # the warm-up's short runs left nothing behind either
+    assert len(second) == 1 and next(iter(second))[0] >= 1  # one state for every mode, holding sample 0's answer
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["exact_match"] is True for r in records)

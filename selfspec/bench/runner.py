@@ -8,6 +8,7 @@ modes have run, so a run killed by a time limit resumes at that sample (`--resum
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -210,7 +211,9 @@ def run_bench(
         out_path.unlink()
     if "baseline" in modes:
         modes = ["baseline"] + [m for m in modes if m != "baseline"]
+    before_warm_up = _SharedHistory(llm, "global" in settings.suffix_sources)
     _warm_up(llm, samples[: max(1, settings.concurrency)], settings, modes)
+    before_warm_up.rewind()  # the warm-up's short answers are not past responses
     todo = [(s, m) for s in samples for m in modes if (s.id, m) not in done]
     bar = None
     if progress:
@@ -230,6 +233,7 @@ def run_bench(
         # SSR does strictly more work), which flattered every other mode.
         k = i % len(pending_modes) if pending_modes else 0
         order = pending_modes[k:] + pending_modes[:k]
+        history = _SharedHistory(llm, "global" in settings.suffix_sources)
         if i > 0 and warm_each_group:
             # Session 11 (rotated order): the first timed run of every sample cost more per
             # forward in every mode (thinker v4b, HumanEval: +7% baseline, +15% SSR) after the
@@ -238,6 +242,7 @@ def run_bench(
             # timed runs, so no mode pays it for its place in the order.
             _short_runs(llm, [sample for sample in group if any((sample.id, m) not in done for m in modes)],
                         settings, pending_modes)
+            history.rewind()
         ran: dict[str, list[tuple[BenchSample, dict[str, Any]]]] = {}
         for position, mode in enumerate(order, start=1):
             todo_samples = [sample for sample in group if (sample.id, mode) not in done]
@@ -251,8 +256,10 @@ def run_bench(
                 rec["run_position"] = position  # place in the group's order (the report can check for bias)
                 rec["group_warm_up"] = warm_each_group
             ran[mode] = list(zip(todo_samples, recs))
+            history.ran(mode)
             if bar is not None:
                 bar.update(len(recs))
+        history.close()
         # Written once the group has run, baseline first (its tokens are the exactness reference),
         # and scored after every timed run of the group: a group cut short leaves no records.
         for mode in pending_modes:
@@ -348,6 +355,44 @@ def divergence_fields(
 
 def _baseline_hashes(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> dict[str, str]:
     return {r["sample_id"]: r["output_hash"] for r in _matching_records(path, model, settings, dtype) if r["mode"] == "baseline"}
+
+
+class _SharedHistory:
+    """Keeps the "global" suffix source (past responses shared by all requests) from leaking
+    one sample's outputs between its own mode runs.
+
+    Why: every mode of a sample runs on the same prompt; a later mode whose global history
+    already holds an earlier mode's answer to that very prompt would be proposed the answer
+    for free. Each timed run starts from the history as it was before the sample, and the
+    sample leaves behind the history of a mode run that added its response (the lossless
+    modes add the same tokens): one response per prompt, as a server would hold. Does
+    nothing when no SSR mode lists "global" among its sources.
+    """
+
+    def __init__(self, llm: LLM, active: bool) -> None:
+        self.llm = llm
+        self.active = active and getattr(llm, "global_history", None) is not None
+        self.start = copy.deepcopy(llm.global_history) if self.active else None
+        self.kept = None
+
+    def rewind(self) -> None:
+        """Back to the history as it was when this object was made."""
+        if self.active:
+            self.llm.global_history = copy.deepcopy(self.start)
+
+    def ran(self, mode: str) -> None:
+        """A timed run ended: keep its history if it grew, then rewind for the next one."""
+        if not self.active:
+            return
+        now = self.llm.global_history
+        if (len(now), now.total_tokens) != (len(self.start), self.start.total_tokens):
+            self.kept = now
+        self.rewind()
+
+    def close(self) -> None:
+        """The group is done: what the next group starts from."""
+        if self.active:
+            self.llm.global_history = self.kept if self.kept is not None else self.start
 
 
 def _warm_up(llm: LLM, group: list[BenchSample], s: BenchSettings, modes: list[str]) -> None:
