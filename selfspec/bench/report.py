@@ -743,8 +743,8 @@ def position_check(group: Group, warmed: bool | None = None) -> dict[str, dict[i
 
 
 def _position_tables(group: Group, everything: dict[str, dict[int, dict[str, float]]]) -> list[str]:
-    """One place table, or two where a run's records differ in the per-sample warm-up (session 12
-    added it against session 11's place-1 cost): the pair shows whether the warm-up removed it."""
+    """One place table, or two where a run's records differ in the per-sample warm-up (added
+    against session 11's place-1 cost): the pair shows whether the warm-up removed it."""
     flags = {bool(r.get("group_warm_up")) for r in group.records if r.get("run_position")}
     if len(flags) < 2:
         return _position_lines(everything)

@@ -236,10 +236,10 @@ def run_bench(
         history = _SharedHistory(llm, "global" in settings.suffix_sources)
         if i > 0 and warm_each_group:
             # Session 11 (rotated order): the first timed run of every sample cost more per
-            # forward in every mode (thinker v4b, HumanEval: +7% baseline, +15% SSR) after the
-            # previous group's scoring left the GPU idle and before this prompt's prefill
-            # shape had run once. Short untimed runs of this group put that cost outside the
-            # timed runs, so no mode pays it for its place in the order.
+            # forward in every mode (thinker v4b, HumanEval: +7% baseline, +15% SSR); likely
+            # causes: the previous group's scoring leaves the GPU idle, and this prompt's
+            # prefill shape has not run yet. Short untimed runs of this group put that cost
+            # outside the timed runs, so no mode pays it for its place in the order.
             _short_runs(llm, [sample for sample in group if any((sample.id, m) not in done for m in modes)],
                         settings, pending_modes)
             history.rewind()
@@ -256,7 +256,7 @@ def run_bench(
                 rec["run_position"] = position  # place in the group's order (the report can check for bias)
                 rec["group_warm_up"] = warm_each_group
             ran[mode] = list(zip(todo_samples, recs))
-            history.ran(mode)
+            history.ran()
             if bar is not None:
                 bar.update(len(recs))
         history.close()
@@ -380,7 +380,7 @@ class _SharedHistory:
         if self.active:
             self.llm.global_history = copy.deepcopy(self.start)
 
-    def ran(self, mode: str) -> None:
+    def ran(self) -> None:
         """A timed run ended: keep its history if it grew, then rewind for the next one."""
         if not self.active:
             return
