@@ -34,6 +34,19 @@ for q in "$work"/*/; do
       > "$dest/logs/${queue}_$(basename "$log")" || true
   done
   for f in "$q"/*.jsonl "$q"/raw/*.jsonl; do
+    # An archive taken while a run appended can end in a torn line: keep whole lines only
+    # (the runner writes a sample's records in one piece, so no partial sample remains).
+    python3 -c 'import json, sys
+keep = []
+for line in open(sys.argv[1]):
+    try:
+        json.loads(line)
+    except ValueError:
+        print(f"device_collect: dropped a torn line of {sys.argv[1]}", file=sys.stderr)
+        continue
+    if line.endswith("\n"):
+        keep.append(line)
+open(sys.argv[1], "w").write("".join(keep))' "$f"
     gzip -9 -c "$f" > "$root/benchmarks/results/h200/raw/$(basename "$f").gz"
     echo "bench records: $(wc -l < "$f") lines -> benchmarks/results/h200/raw/$(basename "$f").gz"
   done

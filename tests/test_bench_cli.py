@@ -296,3 +296,16 @@ def test_global_suffix_history_does_not_leak_a_sample_between_its_own_mode_runs(
     assert len(second) == 1 and next(iter(second))[0] >= 1  # one state for every mode, holding sample 0's answer
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert all(r["exact_match"] is True for r in records)
+
+
+def test_records_append_after_a_torn_last_line(tmp_path: Path):
+    """A run killed while writing leaves a torn last line; the next run's records start on a
+    line of their own (the torn one is skipped by readers, not glued to a new record)."""
+    from selfspec.bench.runner import _append_lines
+
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"sample_id": "a"}\n{"sample_id": "b", "mo')
+    _append_lines(path, ['{"sample_id": "c"}', '{"sample_id": "d"}'])
+    assert path.read_text().splitlines()[2:] == ['{"sample_id": "c"}', '{"sample_id": "d"}']
+    _append_lines(path, ['{"sample_id": "e"}'])
+    assert path.read_text().endswith('{"sample_id": "d"}\n{"sample_id": "e"}\n')

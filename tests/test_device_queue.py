@@ -51,3 +51,26 @@ def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):
     assert "== q_demo: done" in result.stdout
     with tarfile.open(tmp_path / "collected" / "q_demo.tgz") as archive:
         assert "q_demo/status.tsv" in archive.getnames()
+
+
+def test_collect_keeps_whole_records_only(tmp_path: Path):
+    """An archive taken while a run appended can end in a torn line (session 11): device_collect.sh
+    files the whole records and drops the torn one, so the next session resumes from clean JSONL."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT.parent / "device_collect.sh", repo / "scripts" / "device_collect.sh")
+    queue = tmp_path / "q" / "s_gpu0"
+    (queue / "raw").mkdir(parents=True)
+    (queue / "status.tsv").write_text("1\t0\t1\t0\techo\n")
+    (queue / "raw" / "m_b.jsonl").write_text('{"sample_id": "a"}\n{"sample_id": "b"}\n{"sample_id": "c", "mo')
+    archives = tmp_path / "archives"
+    archives.mkdir()
+    with tarfile.open(archives / "s_gpu0.tgz", "w:gz") as tar:
+        tar.add(queue, arcname="s_gpu0")
+    result = subprocess.run(["bash", "scripts/device_collect.sh", str(archives), "s99"], cwd=repo,
+                            capture_output=True, text=True, check=True)
+    assert "dropped a torn line" in result.stderr
+    import gzip
+
+    filed = gzip.open(repo / "benchmarks/results/h200/raw/m_b.jsonl.gz", "rt").read()
+    assert filed == '{"sample_id": "a"}\n{"sample_id": "b"}\n'

@@ -260,15 +260,30 @@ def run_bench(
             if bar is not None:
                 bar.update(len(recs))
         history.close()
-        # Written once the group has run, baseline first (its tokens are the exactness reference),
-        # and scored after every timed run of the group: a group cut short leaves no records.
-        for mode in pending_modes:
-            for sample, rec in ran[mode]:
-                new.append(_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, out_path,
-                                          baseline_tokens))
+        # Scored after every timed run of the group, then written in one piece, baseline first
+        # (its tokens are the exactness reference): a group cut short — in its runs or in its
+        # scoring — leaves no records, and a copy of the file taken while it grows (a device
+        # call's archive, session 11) holds at most a torn last line, not a part of a group.
+        finished = [_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, baseline_tokens)
+                    for mode in pending_modes for sample, rec in ran[mode]]
+        _append_lines(out_path, [json.dumps(rec) for rec in finished])
+        new.extend(finished)
     if bar is not None:
         bar.close()
     return new
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+    """Append JSONL lines in one write. A file that ends in a torn line (a run killed while it
+    wrote) first gets its newline, so the torn line stays one unreadable line that readers skip
+    instead of swallowing the first new record."""
+    torn = False
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, 2)
+            torn = f.read(1) != b"\n"
+    with path.open("a") as f:
+        f.write(("\n" if torn else "") + "".join(line + "\n" for line in lines))
 
 
 def _finish_record(
@@ -280,10 +295,9 @@ def _finish_record(
     meta: dict[str, Any] | None,
     baseline_hash: dict[str, str],
     score: bool,
-    out_path: Path,
     baseline_tokens: dict[str, tuple[list[int], int]] | None = None,
 ) -> dict[str, Any]:
-    """Label, compare with the baseline, score, append to the JSONL file."""
+    """Label, compare with the baseline, score (the caller writes the group's records)."""
     tokens = rec.pop("_token_ids", None)
     shapes = rec.pop("_token_shapes", None)
     rec.update(
@@ -309,8 +323,6 @@ def _finish_record(
 
         result = score_fn(sample, rec["answer_text"])
         rec.update(passed=result.passed, score=result.score, score_detail=result.detail[:200])
-    with out_path.open("a") as f:
-        f.write(json.dumps(rec) + "\n")
     return rec
 
 
