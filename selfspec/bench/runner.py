@@ -397,7 +397,7 @@ class _SharedHistory:
         if not self.active:
             return
         now = self.llm.global_history
-        if (len(now), now.total_tokens) != (len(self.start), self.start.total_tokens):
+        if now.keys != self.start.keys:  # a response added (and, when full, the oldest evicted)
             self.kept = now
         self.rewind()
 
