@@ -193,6 +193,23 @@ def test_ids_select_samples_and_unknown_ids_are_a_clear_error(bench_run, tmp_pat
     assert bad.exit_code == 2 and "HumanEval/999" in bad.output
 
 
+def test_a_named_run_does_not_resume_from_an_unnamed_one(bench_run, tmp_path):
+    """`--run-name`: a second run of the same settings into the same file (an ablation that needs its
+    own baseline) runs its samples instead of skipping them as done, and its records say its name."""
+    _, out, root = bench_run
+    shared = tmp_path / "shared.jsonl"
+    shared.write_text(out.read_text())
+    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
+            "--out", str(shared)]
+    for extra in (["--run-name", "ablation"], ["--run-name", "ablation"], []):  # rerun: resumes; unnamed: all done
+        result = CliRunner().invoke(app, args + extra)
+        assert result.exit_code == 0, result.output
+    named = [r for r in map(json.loads, shared.read_text().splitlines()) if r["settings"].get("run_name") == "ablation"]
+    assert [(r["sample_id"], r["mode"]) for r in named] == [("HumanEval/0", "baseline")]
+    assert "--run-name ablation" in named[0]["command"]
+    assert len(shared.read_text().splitlines()) == len(out.read_text().splitlines()) + 1
+
+
 def test_compiled_graph_count_sees_a_compilation():
     """Records carry `compiled_graphs` (torch.compile graphs built during the timed run): the counter
     it reads must move when something compiles."""

@@ -251,6 +251,29 @@ def test_fp32_and_bf16_runs_get_their_own_tables(tmp_path):
     assert groups[0].title.endswith(", bfloat16") and groups[0].table()["prefix"]["mean_latency_s"] == 0.8
 
 
+def test_a_named_run_pairs_with_its_own_baseline_and_gets_its_own_table(tmp_path):
+    """An ablation re-running the baseline beside modes the committed run lacks (`bench --run-name`):
+    its baseline must not replace the committed run's, nor pair with that run's modes."""
+    from selfspec.bench.modes import BenchSettings
+    from selfspec.bench.runner import completed_pairs
+
+    named = {**_settings(), "run_name": "ablation"}
+    path = _write(tmp_path / "runs.jsonl", [
+        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 5.0),
+        _rec("s0", "baseline", 12.0, settings=named), _rec("s0", "suffix", 6.0, settings=named),
+    ])
+    records = load_records([path])
+    assert len(records) == 4  # neither baseline replaces the other
+    groups = {g.title: g for g in group_records(records)}
+    plain, ablation = groups["tiny / humaneval, draft budget 100, float32"], groups["tiny / humaneval, draft budget 100, float32, run ablation"]
+    assert plain.table()["prefix+suffix"]["speedup"] == pytest.approx(2.0)
+    assert ablation.table()["suffix"]["speedup"] == pytest.approx(2.0) and "prefix+suffix" not in ablation.table()
+    # Unnamed settings serialise as before (older files still resume); a named run resumes only its own records.
+    assert "run_name" not in BenchSettings().to_dict() and BenchSettings(run_name="ablation").to_dict()["run_name"] == "ablation"
+    assert completed_pairs(path, "tiny", named, "float32") == {("s0", "baseline"), ("s0", "suffix")}
+    assert completed_pairs(path, "tiny", _settings(), "float32") == {("s0", "baseline"), ("s0", "prefix+suffix")}
+
+
 def test_timing_check_flags_a_batch_that_ran_slow_per_forward(tmp_path: Path):
     """A first batch whose baseline paid for warm-up is flagged; the paired speedups it
     would flatter are named in the report."""

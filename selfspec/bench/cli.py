@@ -54,6 +54,7 @@ def bench(
     score: bool = typer.Option(False, "--score/--no-score", help="Grade answers with the benchmark's checker (subprocess)."),
     seed: int = typer.Option(0, help="Sampling seed (greedy runs ignore it)."),
     group_warm_up: bool = typer.Option(True, "--group-warm-up/--no-group-warm-up", help="Short untimed runs of every sample before its timed ones, so that the first timed run (whichever mode has that place) does not pay for a new prompt shape or an idle GPU."),
+    run_name: Optional[str] = typer.Option(None, "--run-name", help="Name a run that must stay apart from others of the same settings (e.g. an ablation re-running the baseline beside modes a committed run lacks): its records resume, pair and get a report table only with records of the same name."),
     data_version: Optional[str] = typer.Option(None, help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1)."),
 ) -> None:
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
@@ -92,6 +93,7 @@ def bench(
         suffix_backoff_max=suffix_backoff,
         seed=seed,
         concurrency=concurrency,
+        run_name=run_name.strip() if run_name and run_name.strip() else None,
     )
     if benchmark.startswith("thinker/") and data_version is None and path is None:
         from selfspec.models.registry import adapter_data_version

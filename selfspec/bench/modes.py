@@ -40,10 +40,16 @@ class BenchSettings:
     # Samples whose requests of one mode run together in the engine's batch (per-request
     # latency = arrival to finish). 1 = one request at a time, as the paper measures.
     concurrency: int = 1
+    # A run that must stay apart from others of the same knobs: e.g. an ablation that runs the
+    # baseline again beside modes a committed run lacks. Its records pair with their own baseline
+    # (the report keys tables, and resume keys records, by the settings), not with another run's.
+    run_name: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["suffix"] = self.suffix.model_dump()
+        if d["run_name"] is None:  # records of unnamed runs keep the settings older files carry (resume)
+            del d["run_name"]
         return d
 
 

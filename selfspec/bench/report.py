@@ -216,11 +216,14 @@ class Group:
 
     @property
     def title(self) -> str:
-        """The label plus the draft budget, which tells apart the tables of a budget sweep."""
+        """The label plus the draft budget, which tells apart the tables of a budget sweep, the
+        dtype and a run's name (`bench --run-name`), which tell apart runs of the same knobs."""
         budget = self.settings.get("draft_budget")
         title = self.label if budget is None else f"{self.label}, draft budget {budget}"
         dtype = self.settings.get("dtype")
-        return title if dtype is None else f"{title}, {dtype}"
+        title = title if dtype is None else f"{title}, {dtype}"
+        run_name = self.settings.get("run_name")
+        return title if not run_name else f"{title}, run {run_name}"
 
     def by_mode(self, exclude: set[str] = frozenset()) -> dict[str, list[Record]]:
         out: dict[str, list[Record]] = defaultdict(list)
