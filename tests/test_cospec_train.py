@@ -291,7 +291,7 @@ def test_time_budget_stops_the_run_and_still_saves(llm, tmp_path):
     config = _config(tmp_path / "budget", rl_iterations=1000, time_budget_s=1.0)
     started = time.monotonic()
     result = train_arbitrator(config, llm, echo=lambda message: None)
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < 20.0  # the stop itself is asserted below; room for a busy CPU
     assert result.stats["stopped_by_time_budget"] is True
     assert len(result.stats.get("rl", [])) < 1000
     training = read_checkpoint_config(result.checkpoint).training

@@ -183,8 +183,18 @@ def test_time_budget_fits_the_step_count(tok):
     config = toy_config(steps=100_000, time_budget_s=3.0, heldout_items_per_family=1)
     _, _, result = train_distilled_draft(config, target=target, tokenizer=tok, progress=False, log=lines.append)
     assert any(line.startswith("calibration:") for line in lines)
-    assert 1 <= result.steps <= result.planned_steps < 100_000
-    assert result.seconds < 3.0 * 1.15 + 2.0  # the hard stop, plus the final held-out pass
+    assert 1 <= result.steps <= result.planned_steps < 100_000  # at least one step, even on a loaded machine
+    # Stopped near the budget, not after 100,000 steps (minutes): the bound leaves room for a busy CPU.
+    assert result.seconds < 30.0
+
+
+def test_a_spent_time_budget_still_trains_one_step(tok):
+    """A budget gone before training starts (here: a millisecond) still gives the one step the
+    calibration plans: stopping before it would save an untrained draft."""
+    target = tiny_model("qwen3", len(tok), seed=4, num_layers=3, eos_token_id=tok.eos_token_id)
+    config = toy_config(steps=50, time_budget_s=0.001, heldout_items_per_family=1)
+    _, _, result = train_distilled_draft(config, target=target, tokenizer=tok, progress=False, log=lambda m: None)
+    assert result.steps == result.planned_steps == 1 and len(result.loss_log) == 1
 
 
 def test_save_load_round_trip_gives_identical_logits(trained, saved):

@@ -182,6 +182,14 @@ def _toy_config(**overrides) -> TrainConfig:
     return TrainConfig(**settings)
 
 
+def test_a_spent_time_budget_still_trains_one_step(tokenizer):
+    """A budget gone before training starts still gives the one step the calibration plans:
+    stopping before it would save an untrained adapter."""
+    model = tiny_model("llama", len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    _, result = train_thinker(_toy_config(time_budget_s=0.001), model=model, tokenizer=tokenizer, progress=False, log=lambda _: None)
+    assert result.steps == result.planned_steps == 1
+
+
 def test_toy_training_lowers_the_loss_and_is_deterministic(tokenizer):
     def run():
         model = tiny_model("llama", len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

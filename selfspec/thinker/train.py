@@ -652,7 +652,9 @@ def train_thinker(
     stopped_early = False
     steps_done = 0
     for step, batch in enumerate(flat):
-        if config.time_budget_s is not None and time.perf_counter() - started > HARD_STOP_FACTOR * config.time_budget_s:
+        # Never before the first step: the calibration plans at least one, and stopping before it
+        # would save an untrained adapter (a loaded machine can spend the budget on data and calibration).
+        if step > 0 and config.time_budget_s is not None and time.perf_counter() - started > HARD_STOP_FACTOR * config.time_budget_s:
             stopped_early = True
             log(f"{HARD_STOP_FACTOR} x the time budget passed: stopping after {step} of {planned} steps")
             break
