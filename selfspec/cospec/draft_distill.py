@@ -569,7 +569,7 @@ def train_distilled_draft(
     train_started = time.perf_counter()
     for step, indices in enumerate(schedule):
         # Never before the first step: the calibration plans at least one, and a run that stops
-        # before it would save an untrained draft (CI's clean run hit that once on a loaded CPU).
+        # before it would save an untrained draft (seen once: the test suite beside another job on 2 cores).
         if step > 0 and config.time_budget_s is not None and time.perf_counter() - started > HARD_STOP_FACTOR * config.time_budget_s:
             stopped_early = True
             log(f"{HARD_STOP_FACTOR} x the time budget passed: stopping after {step} of {planned} steps")

@@ -250,7 +250,7 @@ def _all_entries() -> dict[str, ModelEntry]:
 # parts); naming one gets this hint, not a bare "not found".
 RETIRED_ADAPTERS: dict[str, str] = {
     "smollm2-thinker-v2": (
-        "smollm2-thinker-v2 is no longer packaged (superseded by smollm2-thinker-v3 and -v4b); "
+        "smollm2-thinker-v2 is no longer packaged (superseded by smollm2-thinker-v4b); "
         "restore it with `git checkout 00d7fb9 -- selfspec/adapters/smollm2-thinker-v2`"
     ),
     "smollm2-thinker-v3": (
