@@ -47,6 +47,10 @@ def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
         assert r["benchmark"] == "humaneval" and r["settings"]["draft_budget"] == 8 and r["latency_s"] > 0
         assert r["cot_tokens"] == 24 and r["answer_tokens"] == 16  # the fixed-length shape held in every mode
         assert "_token_ids" not in r and "_token_shapes" not in r  # in-memory lists are not written
+        # Where the model itself ended its forced answer (every mode, hf-generate included), and nothing
+        # after a token past the answer's length.
+        assert "answer_eos_at" in r and 0 <= r["forced_past_eos"] < r["answer_tokens"]
+        assert (r["forced_past_eos"] > 0) == ("answer_text_at_eos" in r)
         if r["mode"] != "hf-generate":  # output tokens per forward shape (the engine's modes)
             assert sum(r["forward_shapes"].values()) == r["output_tokens"] and r["forward_shapes"].get("forced", 0) >= 1
             assert r["compiled_graphs"] == 0  # nothing compiled inside a timed run (the CPU engine compiles nothing)

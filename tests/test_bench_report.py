@@ -251,6 +251,23 @@ def test_fp32_and_bf16_runs_get_their_own_tables(tmp_path):
     assert groups[0].title.endswith(", bfloat16") and groups[0].table()["prefix"]["mean_latency_s"] == 0.8
 
 
+def test_pass_rate_is_also_given_for_answers_cut_at_their_end_of_text(tmp_path):
+    """Answers forced past the model's own end-of-text are graded whole and cut there; the table
+    gives both, and a run with nothing forced shows the one rate it has."""
+    path = _write(tmp_path / "eos.jsonl", [
+        _rec("s0", "baseline", 2.0, passed=False, passed_at_eos=True, forced_past_eos=90),
+        _rec("s1", "baseline", 2.0, passed=False, passed_at_eos=False, forced_past_eos=0),
+        _rec("s0", "baseline", 2.0, model="natural", passed=True, passed_at_eos=True, forced_past_eos=0),
+    ])
+    out = tmp_path / "rep"
+    text = build_report([path], out).read_text()
+    assert "| 0% (2); cut at its end-of-text 50% (2) |" in text
+    assert "| 100% (1) |" in text and "100% (1); cut" not in text
+    groups = {g["model"]: g for g in json.loads((out / "summary.json").read_text())["groups"]}
+    base = groups["tiny"]["modes"]["baseline"]
+    assert base["pass_rate_at_eos"] == 0.5 and base["mean_forced_past_eos"] == 45.0
+
+
 def test_a_named_run_pairs_with_its_own_baseline_and_gets_its_own_table(tmp_path):
     """An ablation re-running the baseline beside modes the committed run lacks (`bench --run-name`):
     its baseline must not replace the committed run's, nor pair with that run's modes."""

@@ -307,3 +307,31 @@ def test_full_canonical_sweep(name):
     failed = [(sample_id, r.detail) for sample_id, r in results if not r.passed]
     allowed = 12 if name == "classeval" else 0
     assert len(failed) <= allowed, failed
+
+
+def test_an_answer_forced_past_its_end_of_text_is_also_graded_cut_there():
+    """Fixed lengths force answers past the model's own end-of-text (`bench.end_of_text`): the
+    record keeps where it ended and the checker grades the answer cut there beside the whole."""
+    from selfspec.bench.end_of_text import end_of_text_fields
+    from selfspec.bench.modes import BenchSettings
+    from selfspec.bench.runner import _finish_record
+
+    class Decoder:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(f"t{i}" for i in ids if not (skip_special_tokens and i == 2))
+
+    assert end_of_text_fields([5, 6, 2, 7, 2, 8], {2}, Decoder()) == {
+        "answer_eos_at": 2, "forced_past_eos": 3, "answer_text_at_eos": "t5 t6"}
+    assert end_of_text_fields([5, 6, 2], {2}, Decoder()) == {"answer_eos_at": 2, "forced_past_eos": 0}  # stopped there
+    assert end_of_text_fields([5, 6], {2}, Decoder()) == {"answer_eos_at": None, "forced_past_eos": 0}  # never ended
+
+    sample = load_benchmark("humaneval", offset=2, limit=1)[0]
+    solution = sample.reference["prompt"] + sample.reference["canonical_solution"]
+    # The forced tail after the end-of-text: another, broken version of the function (what a loop writes).
+    forced = {"output_hash": "h", "answer_text": fenced(solution) + "\n" + fenced("def truncate_number(number):\n    return number"),
+              "answer_text_at_eos": fenced(solution)}
+    rec = _finish_record(dict(forced), sample, "baseline", "m", BenchSettings(), None, {}, True)
+    assert rec["passed"] is False and rec["passed_at_eos"] is True and rec["score_at_eos"] == 1.0
+    stopped = _finish_record({"output_hash": "h", "answer_text": fenced(solution)}, sample, "baseline", "m",
+                             BenchSettings(), None, {}, True)
+    assert stopped["passed"] is stopped["passed_at_eos"] is True  # nothing forced: the same grade

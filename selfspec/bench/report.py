@@ -166,6 +166,9 @@ def mode_stats(records: list[Record], baseline: dict[str, Record]) -> dict[str, 
     if speedup is not None and oracle is not None and oracle > 1.0:
         realized = (speedup - 1.0) / (oracle - 1.0)
     scored = [r.get("passed") for r in records if r.get("passed") is not None]
+    # Fixed lengths force answers past the model's own end-of-text: graded cut there too
+    # (`bench.end_of_text`); records from before that field have none.
+    scored_at_eos = [r.get("passed_at_eos") for r in records if r.get("passed_at_eos") is not None]
     return {
         "n": len(records),
         "n_paired": len(pairs),
@@ -183,6 +186,9 @@ def mode_stats(records: list[Record], baseline: dict[str, Record]) -> dict[str, 
         "exact_match_rate": _rate(r.get("exact_match") for r in records),
         "pass_rate": _rate(scored),
         "n_scored": len(scored),
+        "pass_rate_at_eos": _rate(scored_at_eos),
+        "n_scored_at_eos": len(scored_at_eos),
+        "mean_forced_past_eos": _mean(r.get("forced_past_eos") for r in records),
         "loops": sum(1 for r in records if r.get("loop") is True),
         # Natural lengths: a model may end (EOS) while still thinking, so there is no answer to
         # draft or verify and no first answer token; such runs are counted, not hidden.
@@ -299,6 +305,8 @@ def markdown_table(table: dict[str, dict[str, Any]]) -> str:
     rows = [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
     for mode, s in table.items():
         pass_rate = f"{_pct(s['pass_rate'])} ({s['n_scored']})" if s["n_scored"] else "n/a"
+        if s.get("n_scored_at_eos") and s.get("mean_forced_past_eos"):  # some answers were forced past their end
+            pass_rate += f"; cut at its end-of-text {_pct(s['pass_rate_at_eos'])} ({s['n_scored_at_eos']})"
         no_answer = s.get("no_answer", 0)
         first_answer = _fmt(s["mean_first_answer_token_s"])
         if no_answer and s["mean_first_answer_token_s"] is not None:
@@ -594,7 +602,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
           "Oracle speedup = (CoT + answer tokens) / (CoT tokens + 1), the ceiling if every answer token "
           "came free; *oracle realized* = (speedup − 1) / (oracle − 1). Modes that also speculate inside the "
           "CoT (suffix-decoding, prompt-lookup) can realize more than 100%: the oracle counts free answer "
-          "tokens only.", ""]
+          "tokens only. Pass rate grades the whole answer; where fixed lengths forced answers past the model's "
+          "own end-of-text, it is also given for the answers cut there (what a user would have received; "
+          "records written before this field existed lack it).", ""]
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
     comparison_md, summary["ours_beside_theirs"] = ours_beside_theirs(groups)
     md += comparison_md

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 import torch
 
 from selfspec.bench.datasets import BenchSample
+from selfspec.bench.end_of_text import end_of_text_fields
 from selfspec.bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
@@ -56,7 +57,7 @@ def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) 
         [sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True
     )
     _sync(llm)
-    record = _engine_record(r, time.perf_counter() - start)
+    record = _engine_record(r, time.perf_counter() - start, llm)
     record["compiled_graphs"] = compiled_graph_count() - compiled
     return record
 
@@ -88,10 +89,10 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     _sync(llm)
     results = [llm.result(seq) for seq in seqs]
     compiled = compiled_graph_count() - compiled  # the batch's, given to each of its records
-    return [{**_engine_record(r, r.timings.total), "compiled_graphs": compiled} for r in results]
+    return [{**_engine_record(r, r.timings.total, llm), "compiled_graphs": compiled} for r in results]
 
 
-def _engine_record(r, latency: float) -> dict[str, Any]:
+def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
     m = r.metrics
     answer = r.answer_token_ids or []
     cot = m.get("cot_tokens", 0)
@@ -124,6 +125,7 @@ def _engine_record(r, latency: float) -> dict[str, Any]:
         "_token_shapes": list(r.output_shapes),
     }
     record["loop"] = record["answer_distinct4"] < LOOP_THRESHOLD
+    record.update(end_of_text_fields(answer, llm.engine.eos_token_ids, llm.tokenizer))
     return record
 
 
@@ -159,6 +161,7 @@ def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings
         "output_hash": token_hash(out),
         "answer_distinct4": distinct_ngram_ratio(answer),
         "loop": distinct_ngram_ratio(answer) < LOOP_THRESHOLD,
+        **end_of_text_fields(answer, llm.engine.eos_token_ids, llm.tokenizer),
         "_token_ids": out,
     }
 
@@ -323,6 +326,13 @@ def _finish_record(
 
         result = score_fn(sample, rec["answer_text"])
         rec.update(passed=result.passed, score=result.score, score_detail=result.detail[:200])
+        # What a user would have received: the answer cut at the model's own end-of-text (the same
+        # as the full answer when nothing was forced past it).
+        if rec.get("answer_text_at_eos") is not None:
+            at_eos = score_fn(sample, rec["answer_text_at_eos"])
+            rec.update(passed_at_eos=at_eos.passed, score_at_eos=at_eos.score)
+        else:
+            rec.update(passed_at_eos=result.passed, score_at_eos=result.score)
     return rec
 
 
