@@ -155,9 +155,9 @@ def test_runs_that_end_inside_thinking_are_counted_and_the_first_answer_mean_say
     md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
     modes = json.loads((out / "summary.json").read_text())["groups"][0]["modes"]
     assert modes["baseline"]["no_answer"] == 1 and modes["prefix"]["no_answer"] == 1
-    assert "| loops | no answer |" in md
+    assert "| loops | no answer | forced past end-of-text |" in md
     baseline_row = next(line for line in md.splitlines() if line.startswith("| baseline |"))
-    assert "1.10 (1 answered)" in baseline_row and baseline_row.endswith("| 0 | 1 |")
+    assert "1.10 (1 answered)" in baseline_row and baseline_row.endswith("| 0 | 1 | n/a |")
 
 
 def test_time_per_forward_by_place_in_the_run_order(tmp_path: Path):
@@ -261,7 +261,7 @@ def test_pass_rate_is_also_given_for_answers_cut_at_their_end_of_text(tmp_path):
     ])
     out = tmp_path / "rep"
     text = build_report([path], out).read_text()
-    assert "| 0% (2); cut at its end-of-text 50% (2) |" in text
+    assert "| 0% (2); cut at its end-of-text 50% (2) | 0 | 0 | 45 |" in text
     assert "| 100% (1) |" in text and "100% (1); cut" not in text
     groups = {g["model"]: g for g in json.loads((out / "summary.json").read_text())["groups"]}
     base = groups["tiny"]["modes"]["baseline"]

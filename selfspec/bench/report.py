@@ -297,7 +297,8 @@ def _pct(rate: float | None) -> str:
 
 TABLE_HEADER = (
     "| mode | n | latency (s) | speedup (paired) | latency reduction | accepted prefix | suffix-accepted "
-    "| first answer token (s) | oracle speedup | oracle realized | exact match | pass rate | loops | no answer |"
+    "| first answer token (s) | oracle speedup | oracle realized | exact match | pass rate | loops | no answer "
+    "| forced past end-of-text |"
 )
 
 
@@ -316,7 +317,8 @@ def markdown_table(table: dict[str, dict[str, Any]]) -> str:
             f"| {_fmt(s['latency_reduction_pct'], '.1f', '%')} | {_fmt(s['mean_accepted_prefix'], '.1f')} "
             f"| {_fmt(s['mean_suffix_accepted_tokens'], '.1f')} | {first_answer} "
             f"| {_fmt(s['mean_oracle_speedup'], '.3f', 'x')} | {_pct(s['oracle_fraction'])} "
-            f"| {_pct(s['exact_match_rate'])} | {pass_rate} | {s['loops']} | {no_answer} |"
+            f"| {_pct(s['exact_match_rate'])} | {pass_rate} | {s['loops']} | {no_answer} "
+            f"| {_fmt(s.get('mean_forced_past_eos'), '.0f')} |"
         )
     return "\n".join(rows)
 
@@ -602,9 +604,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
           "Oracle speedup = (CoT + answer tokens) / (CoT tokens + 1), the ceiling if every answer token "
           "came free; *oracle realized* = (speedup − 1) / (oracle − 1). Modes that also speculate inside the "
           "CoT (suffix-decoding, prompt-lookup) can realize more than 100%: the oracle counts free answer "
-          "tokens only. Pass rate grades the whole answer; where fixed lengths forced answers past the model's "
-          "own end-of-text, it is also given for the answers cut there (what a user would have received; "
-          "records written before this field existed lack it).", ""]
+          "tokens only. *Forced past end-of-text*: mean answer tokens after the model's own first end-of-text (fixed lengths go on "
+          "to the cap; n/a for records written before this field existed). Pass rate grades the whole answer; where fixed lengths forced answers past the model's "
+          "own end-of-text, it is also given for the answers cut there (what a user would have received).", ""]
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
     comparison_md, summary["ours_beside_theirs"] = ours_beside_theirs(groups)
     md += comparison_md
