@@ -604,9 +604,10 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
           "Oracle speedup = (CoT + answer tokens) / (CoT tokens + 1), the ceiling if every answer token "
           "came free; *oracle realized* = (speedup − 1) / (oracle − 1). Modes that also speculate inside the "
           "CoT (suffix-decoding, prompt-lookup) can realize more than 100%: the oracle counts free answer "
-          "tokens only. *Forced past end-of-text*: mean answer tokens after the model's own first end-of-text (fixed lengths go on "
-          "to the cap; n/a for records written before this field existed). Pass rate grades the whole answer; where fixed lengths forced answers past the model's "
-          "own end-of-text, it is also given for the answers cut there (what a user would have received).", ""]
+          "tokens only. *Forced past end-of-text*: mean answer tokens after the model's own first "
+          "end-of-text (fixed lengths go on to the cap; n/a for records written before this field existed). "
+          "Pass rate grades the whole answer; where fixed lengths forced answers past the model's own "
+          "end-of-text, it is also given for the answers cut there (what a user would have received).", ""]
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
     comparison_md, summary["ours_beside_theirs"] = ours_beside_theirs(groups)
     md += comparison_md
