@@ -267,7 +267,9 @@ def run_bench(
         # (its tokens are the exactness reference): a group cut short — in its runs or in its
         # scoring — leaves no records, and a copy of the file taken while it grows (a device
         # call's archive, session 11) holds at most a torn last line, not a part of a group.
-        finished = [_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, baseline_tokens)
+        grades: dict[tuple[str, str], Any] = {}  # lossless modes write the same answers: grade each text once
+        finished = [_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, baseline_tokens,
+                                   grades)
                     for mode in pending_modes for sample, rec in ran[mode]]
         _append_lines(out_path, [json.dumps(rec) for rec in finished])
         new.extend(finished)
@@ -299,8 +301,10 @@ def _finish_record(
     baseline_hash: dict[str, str],
     score: bool,
     baseline_tokens: dict[str, tuple[list[int], int]] | None = None,
+    grades: dict[tuple[str, str], Any] | None = None,
 ) -> dict[str, Any]:
-    """Label, compare with the baseline, score (the caller writes the group's records)."""
+    """Label, compare with the baseline, score (the caller writes the group's records).
+    `grades`: checker results by (sample, answer text), shared by the records of a group."""
     tokens = rec.pop("_token_ids", None)
     shapes = rec.pop("_token_shapes", None)
     rec.update(
@@ -324,12 +328,19 @@ def _finish_record(
     if score and rec.get("answer_text") is not None:
         from selfspec.bench.scoring import score as score_fn
 
-        result = score_fn(sample, rec["answer_text"])
+        grades = {} if grades is None else grades
+
+        def grade(text: str):  # each checker run is a subprocess; equal answers need only one
+            if (sample.id, text) not in grades:
+                grades[(sample.id, text)] = score_fn(sample, text)
+            return grades[(sample.id, text)]
+
+        result = grade(rec["answer_text"])
         rec.update(passed=result.passed, score=result.score, score_detail=result.detail[:200])
         # What a user would have received: the answer cut at the model's own end-of-text (the same
         # as the full answer when nothing was forced past it).
         if rec.get("answer_text_at_eos") is not None:
-            at_eos = score_fn(sample, rec["answer_text_at_eos"])
+            at_eos = grade(rec["answer_text_at_eos"])
             rec.update(passed_at_eos=at_eos.passed, score_at_eos=at_eos.score)
         else:
             rec.update(passed_at_eos=result.passed, score_at_eos=result.score)
