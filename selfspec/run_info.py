@@ -68,6 +68,45 @@ def nvidia_driver_version() -> str | None:
     return lines[0].strip() if lines else None
 
 
+def count_co_tenants(compute_apps_csv: str, gpu_uuid: str) -> int | None:
+    """Other processes holding a compute context on the GPU `gpu_uuid`, from the lines of
+    `nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader`.
+
+    The caller holds a context itself, so it is one of the GPU's rows; PIDs are not compared
+    because inside a container nvidia-smi may list host PIDs. No row for the GPU at all means
+    the listing hides processes (some containers do): unknown, None."""
+    wanted = gpu_uuid.strip().lower().removeprefix("gpu-")
+    rows = 0
+    for line in compute_apps_csv.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) >= 2 and fields[0].lower().removeprefix("gpu-") == wanted:
+            rows += 1
+    return rows - 1 if rows else None
+
+
+def gpu_co_tenants(device: torch.device | str) -> int | None:
+    """How many other processes use this process's GPU right now; None on a CPU, without
+    nvidia-smi, or where the listing cannot tell.
+
+    Why: session 13 ran two benchmark queues on one H200 (one GPU lent) and every forward took
+    1.7-2.1x as long as in session 12, where each queue had its GPU alone: with CUDA graphs the
+    engine keeps the GPU busy, and processes time-slice it. Records say whether they ran
+    alone, so the report can keep absolute latencies of shared and exclusive runs apart."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    executable = shutil.which("nvidia-smi")
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if executable is None or uuid is None:
+        return None
+    try:
+        result = subprocess.run([executable, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return count_co_tenants(result.stdout, str(uuid))
+
+
 def device_name(device: torch.device | str) -> str:
     """The GPU's name, or the CPU's with torch's thread count."""
     device = torch.device(device)
@@ -76,4 +115,4 @@ def device_name(device: torch.device | str) -> str:
     return f"{platform.processor() or platform.machine()} CPU ({torch.get_num_threads()} threads)"
 
 
-__all__ = ["device_name", "library_versions", "nvidia_driver_version"]
+__all__ = ["count_co_tenants", "device_name", "gpu_co_tenants", "library_versions", "nvidia_driver_version"]

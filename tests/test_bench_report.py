@@ -464,3 +464,26 @@ def test_exact_match_is_split_by_package_source_when_a_run_mixes_versions():
     assert "| abc123 | 1 / 1 | 1 / 2 |" in text and "| before hashes | – | 1 / 1 |" in text
     one_version = {"abc123": by_source["abc123"]}
     assert _exactness_by_source_lines(one_version) == []  # nothing to split
+
+
+def test_samples_that_shared_the_gpu_get_their_own_columns(tmp_path: Path):
+    """A run resumed across sessions may hold samples that had the GPU alone and samples that
+    shared it (session 13: two queues on one GPU, ~2x per forward): the report says how many
+    shared it and gives time per forward and paired speedup per condition."""
+    records = [
+        _rec("s0", "baseline", 1.0, forwards=100, gpu_co_tenants=0), _rec("s0", "prefix", 0.5, forwards=50, gpu_co_tenants=0),
+        _rec("s1", "baseline", 2.0, forwards=100, gpu_co_tenants=1), _rec("s1", "prefix", 1.6, forwards=50, gpu_co_tenants=1),
+        _rec("s2", "baseline", 1.0, forwards=100), _rec("s2", "prefix", 0.8, forwards=50),  # before the field existed
+    ]
+    out = tmp_path / "rep"
+    md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
+    check = json.loads((out / "summary.json").read_text())["groups"][0]["gpu_sharing_check"]
+    assert check["samples"] == {"alone": 1, "shared": 1, "not recorded": 1}
+    assert check["modes"]["prefix"]["shared"] == {"n": 1, "median_ms_per_forward": pytest.approx(32.0),
+                                                  "mean_speedup": pytest.approx(1.25)}
+    assert check["modes"]["baseline"]["alone"]["median_ms_per_forward"] == pytest.approx(10.0)
+    assert "1 of 3 samples ran while other processes used the same GPU" in md
+    assert "| prefix | 10.000 / 2.000x (1) | 32.000 / 1.250x (1) | 16.000 / 1.250x (1) |" in md
+    # nothing shared: no section
+    alone = [dict(r, gpu_co_tenants=0) for r in records]
+    assert "shared the GPU" not in build_report([_write(tmp_path / "a.jsonl", alone)], tmp_path / "a").read_text()

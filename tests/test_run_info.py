@@ -61,3 +61,25 @@ def test_driver_version_is_none_without_nvidia_smi(monkeypatch):
         assert run_info.nvidia_driver_version() is None
     finally:
         run_info.nvidia_driver_version.cache_clear()
+
+
+def test_co_tenants_count_the_other_rows_of_this_gpu():
+    """nvidia-smi lists every compute process per GPU UUID; this process is one of its GPU's
+    rows (its PID may be a host PID inside a container, so rows are counted, not PIDs)."""
+    from selfspec.run_info import count_co_tenants
+
+    listing = "GPU-aaaa, 101\nGPU-aaaa, 202\nGPU-bbbb, 303\n"
+    assert count_co_tenants(listing, "aaaa") == 1  # torch's uuid has no "GPU-" prefix
+    assert count_co_tenants(listing, "GPU-BBBB") == 0
+    assert count_co_tenants("", "aaaa") is None  # a listing that hides processes cannot tell
+    assert count_co_tenants("No running processes found\n", "aaaa") is None
+
+
+def test_co_tenants_are_unknown_on_a_cpu_or_without_nvidia_smi(monkeypatch):
+    from selfspec import run_info
+
+    assert run_info.gpu_co_tenants("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(run_info.shutil, "which", lambda name: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"uuid": "aaaa"})())
+    assert run_info.gpu_co_tenants("cuda:0") is None

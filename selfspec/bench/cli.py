@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -155,7 +155,7 @@ def bench(
     if not samples and not resume and Path(out).exists():
         Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
     records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta,
-                        warm_each_group=group_warm_up) if samples else []
+                        warm_each_group=group_warm_up, co_tenant_probe=co_tenant_probe(device)) if samples else []
     record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)  # after run_bench: --fresh clears the file
     if check_exact:
         bad = mismatches(records)
@@ -182,6 +182,16 @@ def report(
         raise typer.Exit(2)
     console.print(f"report written to {path}")
     print(Path(path).read_text())
+
+
+def co_tenant_probe(device: str) -> Callable[[], Optional[int]] | None:
+    """On a GPU, what asks how many other processes share it (recorded per sample as
+    `gpu_co_tenants`); nothing on a CPU, where the bench's timings assume a quiet machine anyway."""
+    if not str(device).startswith("cuda"):
+        return None
+    from selfspec.run_info import gpu_co_tenants
+
+    return lambda: gpu_co_tenants(device)
 
 
 def _command_line(params: dict) -> str:

@@ -627,7 +627,8 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         divergences = divergence_summary(group)
         by_source = exactness_by_source(group)
         positions = position_check(group)
-        md += [markdown_table(table), "", *_timing_lines(timing), *_position_tables(group, positions),
+        sharing = sharing_check(group)
+        md += [markdown_table(table), "", *_timing_lines(timing), *_position_tables(group, positions), *_sharing_lines(sharing),
                *_divergence_lines(divergences), *_exactness_by_source_lines(by_source)]
         md += ["### Excluding samples whose baseline answer is a loop", "", _exclusion_sentence(group, excluded), ""]
         if excluded and table_clean:
@@ -644,6 +645,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             "modes": table, "excluded_loop_samples": excluded, "modes_excluding_loops": table_clean,
             "meta": meta, "plots": {"latency": latency_png.name}, "timing_check": timing,
             "run_position_check": {m: {str(p): v for p, v in per.items()} for m, per in positions.items()},
+            "gpu_sharing_check": sharing,
             "skipped": [r["sample_id"] for r in group_skipped], "divergences": divergences,
             "exact_match_by_source": {src: {m: {"exact": e, "compared": n} for m, (e, n) in per.items()}
                                       for src, per in by_source.items()},
@@ -781,6 +783,80 @@ def _position_lines(check: dict[str, dict[int, dict[str, float]]], label: str = 
         cells = [f"{check[mode][p]['median_ms_per_forward']:.3f} ({check[mode][p]['n']})" if p in check[mode] else "–"
                  for p in positions]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+SHARING_CONDITIONS = ("alone", "shared", "not recorded")
+
+
+def _sample_sharing(records: list[Record]) -> str:
+    """A sample's condition from its records' `gpu_co_tenants`: shared if any record saw
+    another process on the GPU, alone if every record saw none, else not recorded."""
+    seen = [r.get("gpu_co_tenants") for r in records]
+    if any(n for n in seen if n is not None):
+        return "shared"
+    if seen and all(n == 0 for n in seen):
+        return "alone"
+    return "not recorded"
+
+
+def sharing_check(group: Group) -> dict[str, Any]:
+    """Per-mode time per forward and paired speedup of samples that ran alone on their GPU,
+    beside those that shared it with other processes (and those that did not record it).
+
+    Why: session 13 had one GPU and ran two queues on it; every forward took 1.7-2.1x as long
+    as session 12's on a GPU of its own, so a table that mixes both holds mean latencies of two
+    conditions. Every mode of a sample runs in one process back to back, so its paired speedup
+    compares like with like; this table shows whether sharing moved the speedups too.
+    Empty unless some record says it shared the GPU."""
+    per_sample: dict[str, list[Record]] = defaultdict(list)
+    for rec in group.records:
+        per_sample[rec["sample_id"]].append(rec)
+    condition = {sid: _sample_sharing(recs) for sid, recs in per_sample.items()}
+    if "shared" not in condition.values():
+        return {}
+    baseline = {r["sample_id"]: r for r in group.records if r["mode"] == BASELINE}
+    cells: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for rec in group.records:
+        where = cells[rec["mode"]][condition[rec["sample_id"]]]
+        where["records"].append(1.0)
+        forwards, latency = rec.get("forwards"), rec.get("latency_s")
+        if forwards and latency:
+            where["ms_per_forward"].append(1e3 * latency / forwards)
+        base = _latency(baseline.get(rec["sample_id"]))
+        if base and latency:
+            where["speedup"].append(base / latency)
+    table = {
+        mode: {cond: {"n": len(v["records"]),
+                      "median_ms_per_forward": statistics.median(v["ms_per_forward"]) if v["ms_per_forward"] else None,
+                      "mean_speedup": statistics.fmean(v["speedup"]) if v["speedup"] else None}
+               for cond, v in per.items()}
+        for mode, per in cells.items()
+    }
+    counts = {cond: sum(1 for c in condition.values() if c == cond) for cond in SHARING_CONDITIONS}
+    return {"samples": {c: n for c, n in counts.items() if n}, "modes": table}
+
+
+def _sharing_lines(check: dict[str, Any]) -> list[str]:
+    if not check:
+        return []
+    conditions = [c for c in SHARING_CONDITIONS if c in check["samples"]]
+    shared, total = check["samples"]["shared"], sum(check["samples"].values())
+    effect = ("their forwards take longer, so the mean latencies above mix conditions" if shared < total else
+              "forwards take longer than on a GPU of its own, so the mean latencies above are not those of a lone run")
+    lines = ["### Runs that shared the GPU with other processes", "",
+             f"{shared} of {total} samples ran while other processes used the same GPU (`gpu_co_tenants`): {effect}. "
+             "Every mode of a sample ran under the same condition, so paired speedups compare like with like; "
+             "this table shows whether sharing moved them. Cells: median ms per forward / mean paired speedup (n).", "",
+             "| mode | " + " | ".join(f"{c} ({check['samples'][c]} samples)" for c in conditions) + " |",
+             "|---|" + "---|" * len(conditions)]
+    for mode in mode_order(check["modes"]):
+        row = []
+        for c in conditions:
+            cell = check["modes"][mode].get(c)
+            row.append("–" if not cell else f"{_fmt(cell['median_ms_per_forward'], '.3f')} / "
+                                            f"{_fmt(cell['mean_speedup'], '.3f', 'x')} ({cell['n']})")
+        lines.append(f"| {mode} | " + " | ".join(row) + " |")
     return lines + [""]
 
 

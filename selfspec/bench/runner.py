@@ -15,7 +15,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -202,9 +202,12 @@ def run_bench(
     meta: dict[str, Any] | None = None,
     progress: bool = True,
     warm_each_group: bool = True,
+    co_tenant_probe: Callable[[], int | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (sample, mode) not yet recorded; append records; return the new ones.
-    `warm_each_group`: short untimed runs of each group before its timed ones (see below)."""
+    `warm_each_group`: short untimed runs of each group before its timed ones (see below).
+    `co_tenant_probe`: how many other processes share the device (`run_info.gpu_co_tenants`),
+    asked before and after each group's timed runs; its records carry the larger answer."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model_name = getattr(llm, "model_name", "custom")
     settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
@@ -247,6 +250,8 @@ def run_bench(
                         settings, pending_modes)
             history.rewind()
         ran: dict[str, list[tuple[BenchSample, dict[str, Any]]]] = {}
+        probing = co_tenant_probe is not None and bool(pending_modes)
+        tenants_before = co_tenant_probe() if probing else None
         for position, mode in enumerate(order, start=1):
             todo_samples = [sample for sample in group if (sample.id, mode) not in done]
             if mode in EXTERNAL_MODES:
@@ -263,6 +268,10 @@ def run_bench(
             if bar is not None:
                 bar.update(len(recs))
         history.close()
+        if probing:
+            seen = [n for n in (tenants_before, co_tenant_probe()) if n is not None]
+            for _, rec in (pair for pairs in ran.values() for pair in pairs):
+                rec["gpu_co_tenants"] = max(seen) if seen else None  # None: the device could not tell
         # Scored after every timed run of the group, then written in one piece, baseline first
         # (its tokens are the exactness reference): a group cut short — in its runs or in its
         # scoring — leaves no records, and a copy of the file taken while it grows (a device
