@@ -333,19 +333,22 @@ def test_records_append_after_a_torn_last_line(tmp_path: Path):
 
 
 def test_records_say_whether_other_processes_shared_the_gpu(tmp_path: Path, monkeypatch):
-    """Session 13 ran two queues on one GPU and every forward took ~2x as long: each group's
-    records carry the most other processes seen on the device before or after its timed runs
-    (None where the device cannot tell); a CPU run asks nothing and writes no such field."""
+    """Session 13 ran two queues on one GPU and every forward took ~2x as long: a sample's records
+    carry the most other processes seen on the device just before and just after its timed runs
+    (asked before the warm-up and after each sample, never between a warm-up and its timed runs;
+    None where the device cannot tell); a CPU run asks nothing."""
     from selfspec.bench import cli
 
-    answers = iter([0, 2, None, None])  # group 1: before, after; group 2: unknown both times
+    answers = iter([None, None, 3, 0])  # before the warm-up, then after each of the 3 samples
     monkeypatch.setattr(cli, "co_tenant_probe", lambda device: (lambda: next(answers)))
     model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
+    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "3", "--model", str(model_dir),
                                       "--modes", "baseline,prefix+suffix", *LIMITS, "--out", str(out)])
     assert result.exit_code == 0, result.output + repr(result.exception)
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {(r["sample_id"], r["gpu_co_tenants"]) for r in records} == {("HumanEval/0", 2), ("HumanEval/1", None)}
+    assert {(r["sample_id"], r["gpu_co_tenants"]) for r in records} == {
+        ("HumanEval/0", None), ("HumanEval/1", 3), ("HumanEval/2", 3)}
+    assert next(answers, "used up") == "used up"
     monkeypatch.undo()
     assert cli.co_tenant_probe("cpu") is None

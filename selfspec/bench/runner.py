@@ -207,7 +207,9 @@ def run_bench(
     """Run every (sample, mode) not yet recorded; append records; return the new ones.
     `warm_each_group`: short untimed runs of each group before its timed ones (see below).
     `co_tenant_probe`: how many other processes share the device (`run_info.gpu_co_tenants`),
-    asked before and after each group's timed runs; its records carry the larger answer."""
+    asked before the warm-up and after each group's timed runs; a group's records carry the larger
+    of the answers before and after it. Never asked between a warm-up and the timed runs it warms:
+    the nvidia-smi call would leave the GPU idle just where the warm-up keeps it busy."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model_name = getattr(llm, "model_name", "custom")
     settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
@@ -217,6 +219,7 @@ def run_bench(
         out_path.unlink()
     if "baseline" in modes:
         modes = ["baseline"] + [m for m in modes if m != "baseline"]
+    tenants_before = co_tenant_probe() if co_tenant_probe is not None else None
     before_warm_up = _SharedHistory(llm, "global" in settings.suffix_sources)
     _warm_up(llm, samples[: max(1, settings.concurrency)], settings, modes)
     before_warm_up.rewind()  # the warm-up's short answers are not past responses
@@ -250,8 +253,6 @@ def run_bench(
                         settings, pending_modes)
             history.rewind()
         ran: dict[str, list[tuple[BenchSample, dict[str, Any]]]] = {}
-        probing = co_tenant_probe is not None and bool(pending_modes)
-        tenants_before = co_tenant_probe() if probing else None
         for position, mode in enumerate(order, start=1):
             todo_samples = [sample for sample in group if (sample.id, mode) not in done]
             if mode in EXTERNAL_MODES:
@@ -268,10 +269,12 @@ def run_bench(
             if bar is not None:
                 bar.update(len(recs))
         history.close()
-        if probing:
-            seen = [n for n in (tenants_before, co_tenant_probe()) if n is not None]
+        if co_tenant_probe is not None and ran:
+            tenants_after = co_tenant_probe()
+            seen = [n for n in (tenants_before, tenants_after) if n is not None]
             for _, rec in (pair for pairs in ran.values() for pair in pairs):
                 rec["gpu_co_tenants"] = max(seen) if seen else None  # None: the device could not tell
+            tenants_before = tenants_after
         # Scored after every timed run of the group, then written in one piece, baseline first
         # (its tokens are the exactness reference): a group cut short — in its runs or in its
         # scoring — leaves no records, and a copy of the file taken while it grows (a device
