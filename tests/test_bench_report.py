@@ -487,3 +487,30 @@ def test_samples_that_shared_the_gpu_get_their_own_columns(tmp_path: Path):
     # nothing shared: no section
     alone = [dict(r, gpu_co_tenants=0) for r in records]
     assert "shared the GPU" not in build_report([_write(tmp_path / "a.jsonl", alone)], tmp_path / "a").read_text()
+
+
+def test_a_named_rerun_of_common_samples_is_set_beside_the_unnamed_run(tmp_path: Path):
+    """Session 14 reruns samples session 13 ran on a shared GPU, alone (`--run-name alone-check`):
+    the report compares the same samples' speedups, times per forward and tokens across the runs."""
+    shared = [_rec("s0", "baseline", 2.0, forwards=100, gpu_co_tenants=1, output_hash="b0"),
+              _rec("s0", "prefix", 1.0, forwards=50, gpu_co_tenants=1, output_hash="b0"),
+              _rec("s1", "baseline", 2.0, forwards=100, gpu_co_tenants=1, output_hash="b1"),
+              _rec("s1", "prefix", 1.0, forwards=50, gpu_co_tenants=1, output_hash="b1")]
+    alone_settings = dict(_settings(), run_name="alone-check")
+    alone = [_rec("s0", "baseline", 1.0, forwards=100, gpu_co_tenants=0, output_hash="b0", settings=alone_settings),
+             _rec("s0", "prefix", 0.625, forwards=50, gpu_co_tenants=0, output_hash="other", settings=alone_settings)]
+    out = tmp_path / "rep"
+    md = build_report([_write(tmp_path / "r.jsonl", shared + alone)], out).read_text()
+    [check] = json.loads((out / "summary.json").read_text())["rerun_checks"]
+    assert check["run_name"] == "alone-check" and check["n_common"] == 1
+    assert check["sharing"] == {"reference": {"shared": 1}, "named": {"alone": 1}}
+    prefix = check["modes"]["prefix"]
+    assert prefix["reference"]["speedup"] == pytest.approx(2.0) and prefix["named"]["speedup"] == pytest.approx(1.6)
+    assert prefix["named"]["median_ms_per_forward"] == pytest.approx(12.5)
+    assert (prefix["same_tokens"], prefix["compared"]) == (0, 1)
+    assert check["modes"]["baseline"]["same_tokens"] == 1
+    assert "| prefix | 20.000 / 2.000x | 12.500 / 1.600x | -0.400 | 0 / 1 |" in md
+    assert "GPU — unnamed run: 1 shared; run alone-check: 1 alone" in md
+    # a named run without common samples, or without an unnamed twin: no section
+    lonely = [dict(r, sample_id="s9") for r in alone]
+    assert "## The same samples" not in build_report([_write(tmp_path / "l.jsonl", shared + lonely)], tmp_path / "l").read_text()

@@ -685,6 +685,10 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             md.append("")
         summary["concurrency_checks"] = checks
 
+    reruns = rerun_checks(groups)
+    md += _rerun_lines(reruns)
+    summary["rerun_checks"] = reruns
+
     md += [paper_table(), ""]
     summary["paper"] = {"latency_reduction_pct": PAPER_LATENCY_REDUCTION_PCT, "ablation_gemma_classeval_speedup": PAPER_ABLATION_SPEEDUP}
     report_path = out_dir / "report.md"
@@ -888,6 +892,74 @@ def concurrency_checks(groups: list[Group]) -> list[dict[str, Any]]:
                 modes[mode] = row
             checks.append({"label": single.label, "concurrency": level, "n_common": len(common), "modes": modes})
     return checks
+
+
+def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
+    """Named runs (`--run-name`) beside the unnamed run of the same settings, on their common
+    samples: per mode, median ms per forward and mean paired speedup in each run, and how many
+    samples gave the same output tokens both times.
+
+    Why: a named run that reruns samples of a committed one under another condition (session
+    14's `alone-check`: samples session 13 ran on a shared GPU, again with the GPU to itself)
+    answers a question the sharing table cannot — the same samples, so any difference is the
+    condition's or noise, not the samples'. Runs that share no sample are left out."""
+    by_key: dict[tuple, dict[str | None, Group]] = defaultdict(dict)
+    for g in groups:
+        by_key[(g.model, g.benchmark, _settings_key(g.settings, drop=("run_name",)))][g.settings.get("run_name")] = g
+    checks = []
+    for runs in by_key.values():
+        reference = runs.get(None)
+        for name, named in sorted((k, v) for k, v in runs.items() if k is not None):
+            if reference is None:
+                continue
+            common = {r["sample_id"] for r in reference.records} & {r["sample_id"] for r in named.records}
+            if not common:
+                continue
+            sides = {"reference": reference, "named": named}
+            recs = {side: {(r["sample_id"], r["mode"]): r for r in g.records if r["sample_id"] in common}
+                    for side, g in sides.items()}
+            modes: dict[str, dict[str, Any]] = {}
+            shared_modes = {m for (_, m) in recs["reference"]} & {m for (_, m) in recs["named"]}
+            for mode in mode_order(shared_modes):
+                row: dict[str, Any] = {}
+                for side in sides:
+                    mine = [r for (sid, m), r in recs[side].items() if m == mode]
+                    base = {sid: r for (sid, m), r in recs[side].items() if m == BASELINE}
+                    ms = [1e3 * r["latency_s"] / r["forwards"] for r in mine if r.get("forwards") and r.get("latency_s")]
+                    row[side] = {"n": len(mine), "median_ms_per_forward": statistics.median(ms) if ms else None,
+                                 "speedup": None if mode == BASELINE else mode_stats(mine, base)["speedup"]}
+                pairs = [(recs["reference"][(sid, mode)], recs["named"][(sid, mode)]) for sid in sorted(common)
+                         if (sid, mode) in recs["reference"] and (sid, mode) in recs["named"]]
+                row["same_tokens"] = sum(1 for a, b in pairs if a.get("output_hash") and a.get("output_hash") == b.get("output_hash"))
+                row["compared"] = len(pairs)
+                modes[mode] = row
+            sharing = {side: dict(Counter(_sample_sharing([r for r in recs[side].values() if r["sample_id"] == sid])
+                                          for sid in common)) for side in sides}
+            checks.append({"label": reference.label, "run_name": name, "n_common": len(common), "modes": modes,
+                           "sharing": sharing})
+    return checks
+
+
+def _rerun_lines(checks: list[dict[str, Any]]) -> list[str]:
+    if not checks:
+        return []
+    lines = ["## The same samples in a named run and in the unnamed run of the same settings", "",
+             "Each cell: median ms per forward / mean paired speedup (each run paired with its own baseline); "
+             "*same tokens*: samples whose output hash is equal in both runs.", ""]
+    for c in checks:
+        where = "; ".join(f"{'unnamed run' if side == 'reference' else 'run ' + c['run_name']}: "
+                          + ", ".join(f"{n} {cond}" for cond, n in sorted(counts.items()))
+                          for side, counts in c["sharing"].items())
+        lines += [f"{c['label']}, unnamed run vs run {c['run_name']} ({c['n_common']} common samples; GPU — {where}):", "",
+                  f"| mode | unnamed run | run {c['run_name']} | speedup difference | same tokens |", "|---|---|---|---|---|"]
+        for mode, row in c["modes"].items():
+            cells = [f"{_fmt(row[side]['median_ms_per_forward'], '.3f')} / "
+                     + ("–" if mode == BASELINE else _fmt(row[side]['speedup'], '.3f', 'x')) for side in ("reference", "named")]
+            a, b = row["reference"]["speedup"], row["named"]["speedup"]
+            diff = "–" if None in (a, b) else f"{b - a:+.3f}"
+            lines.append(f"| {mode} | {cells[0]} | {cells[1]} | {diff} | {row['same_tokens']} / {row['compared']} |")
+        lines.append("")
+    return lines
 
 
 def _budget_series(family: list[Group], no_loops: bool = False) -> dict[str, list[tuple[float, float]]]:
