@@ -75,11 +75,14 @@ def count_co_tenants(compute_apps_csv: str, gpu_uuid: str) -> int | None:
     The caller holds a context itself, so it is one of the GPU's rows; PIDs are not compared
     because inside a container nvidia-smi may list host PIDs. No row for the GPU at all means
     the listing hides processes (some containers do): unknown, None."""
-    wanted = gpu_uuid.strip().lower().removeprefix("gpu-")
+    def normal(uuid: str) -> str:  # nvidia-smi writes GPU-8-4-4-4-12 hex; torch may drop the prefix or hyphens
+        return uuid.strip().lower().removeprefix("gpu-").replace("-", "")
+
+    wanted = normal(gpu_uuid)
     rows = 0
     for line in compute_apps_csv.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) >= 2 and fields[0].lower().removeprefix("gpu-") == wanted:
+        fields = line.split(",")
+        if len(fields) >= 2 and normal(fields[0]) == wanted:
             rows += 1
     return rows - 1 if rows else None
 

@@ -68,9 +68,11 @@ def test_co_tenants_count_the_other_rows_of_this_gpu():
     rows (its PID may be a host PID inside a container, so rows are counted, not PIDs)."""
     from selfspec.run_info import count_co_tenants
 
-    listing = "GPU-aaaa, 101\nGPU-aaaa, 202\nGPU-bbbb, 303\n"
-    assert count_co_tenants(listing, "aaaa") == 1  # torch's uuid has no "GPU-" prefix
-    assert count_co_tenants(listing, "GPU-BBBB") == 0
+    listing = "GPU-aa11-22bb, 101\nGPU-aa11-22bb, 202\nGPU-bbbb-0000, 303\n"
+    assert count_co_tenants(listing, "aa11-22bb") == 1  # torch's uuid has no "GPU-" prefix
+    assert count_co_tenants(listing, "aa1122bb") == 1  # nor, perhaps, hyphens
+    assert count_co_tenants(listing, "GPU-BBBB-0000") == 0
+    assert count_co_tenants(listing, "cccc") is None  # no row of this GPU: the listing cannot tell
     assert count_co_tenants("", "aaaa") is None  # a listing that hides processes cannot tell
     assert count_co_tenants("No running processes found\n", "aaaa") is None
 
