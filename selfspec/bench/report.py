@@ -149,6 +149,12 @@ def _latency(rec: Record | None) -> float | None:
     return float(lat) if isinstance(lat, (int, float)) and lat > 0 else None
 
 
+def _ms_per_forward(rec: Record) -> float | None:
+    """The run's latency per model forward in ms (the timing checks' unit); None without both."""
+    forwards, latency = rec.get("forwards"), rec.get("latency_s")
+    return 1e3 * latency / forwards if forwards and latency else None
+
+
 def mode_stats(records: list[Record], baseline: dict[str, Record]) -> dict[str, Any]:
     """One table row: the mode's records against the baseline records keyed by sample id.
 
@@ -714,9 +720,9 @@ def timing_check(group: Group) -> dict[str, Any]:
     batch_of = {sid: i // concurrency for i, sid in enumerate(order)}
     cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rec in group.records:
-        forwards, latency = rec.get("forwards"), rec.get("latency_s")
-        if rec["sample_id"] in batch_of and forwards and latency:
-            cells[rec["mode"]][batch_of[rec["sample_id"]]].append(1e3 * latency / forwards)
+        ms = _ms_per_forward(rec)
+        if rec["sample_id"] in batch_of and ms is not None:
+            cells[rec["mode"]][batch_of[rec["sample_id"]]].append(ms)
     table: dict[str, dict[int, float]] = {
         mode: {b: statistics.median(v) for b, v in sorted(per_batch.items())} for mode, per_batch in cells.items()
     }
@@ -757,9 +763,9 @@ def position_check(group: Group, warmed: bool | None = None) -> dict[str, dict[i
     for rec in group.records:
         if warmed is not None and bool(rec.get("group_warm_up")) != warmed:
             continue
-        position, forwards, latency = rec.get("run_position"), rec.get("forwards"), rec.get("latency_s")
-        if position and forwards and latency:
-            cells[rec["mode"]][int(position)].append(1e3 * latency / forwards)
+        position, ms = rec.get("run_position"), _ms_per_forward(rec)
+        if position and ms is not None:
+            cells[rec["mode"]][int(position)].append(ms)
     return {mode: {pos: {"n": len(v), "median_ms_per_forward": statistics.median(v)} for pos, v in sorted(per.items())}
             for mode, per in cells.items()}
 
@@ -820,23 +826,18 @@ def sharing_check(group: Group) -> dict[str, Any]:
     if "shared" not in condition.values():
         return {}
     baseline = {r["sample_id"]: r for r in group.records if r["mode"] == BASELINE}
-    cells: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    cells: dict[str, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
     for rec in group.records:
-        where = cells[rec["mode"]][condition[rec["sample_id"]]]
-        where["records"].append(1.0)
-        forwards, latency = rec.get("forwards"), rec.get("latency_s")
-        if forwards and latency:
-            where["ms_per_forward"].append(1e3 * latency / forwards)
-        base = _latency(baseline.get(rec["sample_id"]))
-        if base and latency:
-            where["speedup"].append(base / latency)
-    table = {
-        mode: {cond: {"n": len(v["records"]),
-                      "median_ms_per_forward": statistics.median(v["ms_per_forward"]) if v["ms_per_forward"] else None,
-                      "mean_speedup": statistics.fmean(v["speedup"]) if v["speedup"] else None}
-               for cond, v in per.items()}
-        for mode, per in cells.items()
-    }
+        cells[rec["mode"]][condition[rec["sample_id"]]].append(rec)
+
+    def cell(recs: list[Record]) -> dict[str, Any]:
+        ms = [m for m in map(_ms_per_forward, recs) if m is not None]
+        speedups = [base / lat for r in recs
+                    if (base := _latency(baseline.get(r["sample_id"]))) and (lat := _latency(r))]
+        return {"n": len(recs), "median_ms_per_forward": statistics.median(ms) if ms else None,
+                "mean_speedup": statistics.fmean(speedups) if speedups else None}
+
+    table = {mode: {cond: cell(recs) for cond, recs in per.items()} for mode, per in cells.items()}
     counts = {cond: sum(1 for c in condition.values() if c == cond) for cond in SHARING_CONDITIONS}
     return {"samples": {c: n for c, n in counts.items() if n}, "modes": table}
 
@@ -925,7 +926,7 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
                 for side in sides:
                     mine = [r for (sid, m), r in recs[side].items() if m == mode]
                     base = {sid: r for (sid, m), r in recs[side].items() if m == BASELINE}
-                    ms = [1e3 * r["latency_s"] / r["forwards"] for r in mine if r.get("forwards") and r.get("latency_s")]
+                    ms = [m for m in map(_ms_per_forward, mine) if m is not None]
                     row[side] = {"n": len(mine), "median_ms_per_forward": statistics.median(ms) if ms else None,
                                  "speedup": None if mode == BASELINE else mode_stats(mine, base)["speedup"]}
                 pairs = [(recs["reference"][(sid, mode)], recs["named"][(sid, mode)]) for sid in sorted(common)
@@ -933,8 +934,12 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
                 row["same_tokens"] = sum(1 for a, b in pairs if a.get("output_hash") and a.get("output_hash") == b.get("output_hash"))
                 row["compared"] = len(pairs)
                 modes[mode] = row
-            sharing = {side: dict(Counter(_sample_sharing([r for r in recs[side].values() if r["sample_id"] == sid])
-                                          for sid in common)) for side in sides}
+            sharing = {}
+            for side, by_pair in recs.items():
+                per_sample: dict[str, list[Record]] = defaultdict(list)
+                for (sid, _), r in by_pair.items():
+                    per_sample[sid].append(r)
+                sharing[side] = dict(Counter(_sample_sharing(rs) for rs in per_sample.values()))
             checks.append({"label": reference.label, "run_name": name, "n_common": len(common), "modes": modes,
                            "sharing": sharing})
     return checks
