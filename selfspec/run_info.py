@@ -53,18 +53,23 @@ def source_hash() -> str:
     return digest.hexdigest()[:12]
 
 
-@functools.cache
-def nvidia_driver_version() -> str | None:
-    """The driver's version as nvidia-smi reports it; None where nvidia-smi is absent or fails."""
+def _nvidia_smi(query: str) -> str | None:
+    """`nvidia-smi <query> --format=csv,noheader`'s output; None where nvidia-smi is absent or fails."""
     executable = shutil.which("nvidia-smi")
     if executable is None:
         return None
     try:
-        result = subprocess.run([executable, "--query-gpu=driver_version", "--format=csv,noheader"],
+        result = subprocess.run([executable, query, "--format=csv,noheader"],
                                 capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = result.stdout.strip().splitlines()
+    return result.stdout
+
+
+@functools.cache
+def nvidia_driver_version() -> str | None:
+    """The driver's version as nvidia-smi reports it; None where nvidia-smi is absent or fails."""
+    lines = (_nvidia_smi("--query-gpu=driver_version") or "").strip().splitlines()
     return lines[0].strip() if lines else None
 
 
@@ -98,16 +103,9 @@ def gpu_co_tenants(device: torch.device | str) -> int | None:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    executable = shutil.which("nvidia-smi")
     uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    if executable is None or uuid is None:
-        return None
-    try:
-        result = subprocess.run([executable, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return count_co_tenants(result.stdout, str(uuid))
+    listing = _nvidia_smi("--query-compute-apps=gpu_uuid,pid") if uuid is not None else None
+    return None if listing is None else count_co_tenants(listing, str(uuid))
 
 
 def device_name(device: torch.device | str) -> str:
