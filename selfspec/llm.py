@@ -67,10 +67,11 @@ class LLM:
         think_start: str | None = None,
         think_end: str | None = None,
         draft: str | None = None,
+        tokenizer: str | None = None,
     ) -> None:
         from selfspec.models import load_model
 
-        loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir)
+        loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir, tokenizer=tokenizer)
         self._from_loaded(
             loaded, engine_config, thinking_format, think_start, think_end, draft,
             device=device, dtype=dtype, cache_dir=cache_dir,

@@ -46,6 +46,9 @@ def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
     for r in records:
         assert r["benchmark"] == "humaneval" and r["settings"]["draft_budget"] == 8 and r["latency_s"] > 0
         assert r["cot_tokens"] == 24 and r["answer_tokens"] == 16  # the fixed-length shape held in every mode
+        # What the tokenizer made of the prompt, the same in every mode of a sample; and where it came from.
+        assert r["prompt_tokens"] == next(x["prompt_tokens"] for x in records if x["sample_id"] == r["sample_id"]) > 20
+        assert r["tokenizer"] == "model" and r["tokenizer_summary"]["vocab"] > 100
         assert "_token_ids" not in r and "_token_shapes" not in r  # in-memory lists are not written
         # Where the model itself ended its forced answer (every mode, hf-generate included), and nothing
         # after a token past the answer's length.
@@ -352,3 +355,20 @@ def test_records_say_whether_other_processes_shared_the_gpu(tmp_path: Path, monk
     assert next(answers, "used up") == "used up"
     monkeypatch.undo()
     assert cli.co_tenant_probe("cpu") is None
+
+
+def test_a_given_tokenizer_is_used_and_recorded_and_a_wrong_path_is_a_clear_error(bench_run, tmp_path: Path):
+    _, _, root = bench_run
+    from selfspec.testing.tiny import tiny_tokenizer
+
+    given = tmp_path / "tok"
+    tiny_tokenizer().save_pretrained(given)
+    out = tmp_path / "t.jsonl"
+    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
+            "--out", str(out)]
+    result = CliRunner().invoke(app, args + ["--tokenizer", str(given)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["tokenizer"] == str(given.resolve()) and record["prompt_tokens"] > 20
+    result = CliRunner().invoke(app, args + ["--tokenizer", str(tmp_path / "nowhere"), "--fresh"])
+    assert result.exit_code == 2 and "not a tokenizer directory" in " ".join(result.output.split())

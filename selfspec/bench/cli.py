@@ -43,6 +43,7 @@ def bench(
     suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own (e.g. one saved where transformers builds a GGUF's tokenizer correctly)."),
     token_buckets: Optional[str] = typer.Option(None, "--token-buckets", help="Static forwards' tokens-per-row buckets, comma-separated (GPU default 1,2,4,8,16,32,64; given, a CPU engine buckets too). In bf16 kernels of different shapes round differently: e.g. 16,64 puts decode and every verify of <= 16 tokens in one shape."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
     num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
@@ -118,9 +119,14 @@ def bench(
     num_slots = max(num_slots, 3 * concurrency)
     from selfspec.bench.context_fit import fit_to_context
     from selfspec.engine.llm_engine import model_context_length
-    from selfspec.models import load_model
+    from selfspec.models import ModelNotFoundError, load_model
+    from selfspec.models.tokenizer_check import tokenizer_summary
 
-    loaded = load_model(model, device=device, dtype=dtype)
+    try:
+        loaded = load_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
+    except (ModelNotFoundError, ValueError) as exc:  # includes TokenizerDefectError
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     # The engine gets the room the longest sample needs; samples that cannot fit the model's
     # context at these budgets are skipped and recorded (`context_fit`).
     fit = fit_to_context(samples, loaded.tokenizer, loaded.thinking, model_context_length(loaded.model.config), cot_cap, cap)
@@ -147,6 +153,8 @@ def bench(
         "command": _command_line(ctx.params),
         "date": time.strftime("%Y-%m-%d"),
         "versions": library_versions(),
+        "tokenizer": str(Path(tokenizer).expanduser().resolve()) if tokenizer else "model",  # where prompts were tokenized
+        "tokenizer_summary": tokenizer_summary(loaded.tokenizer),  # and what it makes of plain English
         "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
         "inductor": inductor_modes(),  # deterministic / batch-invariant compiled kernels
         "token_buckets": list(buckets.tokens),  # static forwards' token buckets (a bf16 rounding factor)

@@ -98,6 +98,7 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
     cot = m.get("cot_tokens", 0)
     record = {
         "latency_s": latency,
+        "prompt_tokens": len(r.prompt_token_ids),  # shows what the tokenizer made of the prompt
         "ttft_s": r.timings.ttft,
         "thinking_s": r.timings.thinking,
         "first_answer_token_s": r.timings.first_answer_token,
@@ -155,6 +156,7 @@ def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings
     answer = full[0, closed.shape[1] :].tolist()
     return {
         "latency_s": latency,
+        "prompt_tokens": len(prompt),
         "output_tokens": len(out),
         "cot_tokens": s.cot_cap,
         "answer_tokens": len(answer),

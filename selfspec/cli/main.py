@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -35,6 +36,27 @@ def models(cache_dir: Optional[str] = typer.Option(None, help="Model cache direc
     console.print(table)
 
 
+@app.command("save-tokenizer")
+def save_tokenizer(
+    model: str = typer.Argument(..., help="Packaged name, .gguf file or local HF directory whose tokenizer to save."),
+    out_dir: Path = typer.Argument(..., help="Directory to write tokenizer.json and tokenizer_config.json into."),
+) -> None:
+    """Save a model's checked tokenizer, for `--tokenizer` on a machine whose transformers builds it wrongly.
+
+    Why: transformers 5.17 builds Gemma-3's tokenizer from the GGUF wrongly (see
+    `selfspec.models.tokenizer_check`); a tokenizer saved where it is built right loads there fine.
+    """
+    from selfspec.models import ModelNotFoundError, load_model
+
+    try:
+        loaded = load_model(model)
+    except (ModelNotFoundError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    loaded.tokenizer.save_pretrained(str(out_dir))
+    console.print(f"saved the tokenizer of {loaded.name} ({len(loaded.tokenizer):,} tokens) to {out_dir}")
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The user message (wrapped in the model's chat template)."),
@@ -50,6 +72,7 @@ def generate(
     answer_cap: Optional[int] = typer.Option(None, help="Stop the answer after this many tokens (continuation cap)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are generated."),
     ssr: bool = typer.Option(False, "--ssr/--no-ssr", help="Self-speculation: draft the answer from the partial CoT and verify it (implies --think)."),
     draft_budget: list[int] = typer.Option([], help="CoT length(s) at which a draft is forked (repeatable; default 100)."),
@@ -87,7 +110,7 @@ def generate(
     except (InvalidSamplingParams, ValueError, ValidationError) as exc:
         _fail(str(exc))
     try:
-        llm = LLM(model, device=device, dtype=dtype)
+        llm = LLM(model, device=device, dtype=dtype, tokenizer=tokenizer)
     except (ModelNotFoundError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     try:

