@@ -372,3 +372,21 @@ def test_a_given_tokenizer_is_used_and_recorded_and_a_wrong_path_is_a_clear_erro
     assert record["tokenizer"] == str(given.resolve()) and record["prompt_tokens"] > 20
     result = CliRunner().invoke(app, args + ["--tokenizer", str(tmp_path / "nowhere"), "--fresh"])
     assert result.exit_code == 2 and "not a tokenizer directory" in " ".join(result.output.split())
+
+
+def test_resuming_onto_records_of_another_tokenizer_is_refused(bench_run, tmp_path: Path):
+    _, _, root = bench_run
+    out = tmp_path / "r.jsonl"
+    args = ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
+            "--out", str(out)]
+    result = CliRunner().invoke(app, args[:4] + ["1"] + args[5:])  # the first sample only
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    first = json.loads(out.read_text().splitlines()[0])
+    # The same run, but as if its prompts had been tokenized another way (sessions 8-14's Gemma).
+    first["tokenizer_summary"] = {**first["tokenizer_summary"], "probe_chars_per_token": 1.0}
+    out.write_text(json.dumps(first) + "\n")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "another tokenizer" in " ".join(result.output.split())
+    assert len(out.read_text().splitlines()) == 1  # nothing appended
+    result = CliRunner().invoke(app, args + ["--fresh"])
+    assert result.exit_code == 0 and len(out.read_text().splitlines()) == 2

@@ -36,3 +36,17 @@ def test_generate_ssr_flags_give_the_plain_output(tiny_dir, extra):
     if "--speculate-thinking" in extra:
         steps = re.search(r"thinking_verify_steps=(\d+)", fast.output)
         assert steps and int(steps.group(1)) > 0, fast.output
+
+
+def test_generate_takes_a_tokenizer_directory_and_names_a_wrong_one(tiny_dir, tmp_path):
+    from selfspec.testing.tiny import tiny_tokenizer
+
+    given = tmp_path / "tok"
+    tiny_tokenizer().save_pretrained(given)
+    common = ["generate", "def add(a, b):", "--model", str(tiny_dir), "--max-tokens", "12", "--no-stream"]
+    own = CliRunner().invoke(app, common)
+    other = CliRunner().invoke(app, [*common, "--tokenizer", str(given)])
+    assert own.exit_code == 0 and other.exit_code == 0, own.output + other.output
+    assert _reply(other.output) == _reply(own.output)  # the same tokenizer files: the same reply
+    wrong = CliRunner().invoke(app, [*common, "--tokenizer", str(tmp_path / "nowhere")])
+    assert wrong.exit_code == 2 and "not a tokenizer directory" in " ".join(wrong.output.split())

@@ -62,7 +62,7 @@ def bench(
     if ctx.invoked_subcommand is not None:
         return
     from selfspec.bench.datasets import load_benchmark
-    from selfspec.bench.runner import mismatches, record_skipped, run_bench
+    from selfspec.bench.runner import ResumeMismatchError, mismatches, record_skipped, run_bench
     from selfspec.run_info import device_name, library_versions
     from selfspec.engine.fusion import inductor_modes
     from selfspec.engine.llm_engine import EngineConfig
@@ -162,8 +162,12 @@ def bench(
     console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
     if not samples and not resume and Path(out).exists():
         Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
-    records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta,
-                        warm_each_group=group_warm_up, co_tenant_probe=co_tenant_probe(device)) if samples else []
+    try:
+        records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta,
+                            warm_each_group=group_warm_up, co_tenant_probe=co_tenant_probe(device)) if samples else []
+    except ResumeMismatchError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)  # after run_bench: --fresh clears the file
     if check_exact:
         bad = mismatches(records)

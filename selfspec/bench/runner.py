@@ -192,6 +192,31 @@ def completed_pairs(path: Path, model: str, settings: dict[str, Any], dtype: str
     return {(r["sample_id"], r["mode"]) for r in _matching_records(path, model, settings, dtype)}
 
 
+class ResumeMismatchError(ValueError):
+    """The file to resume holds records of the same run made with another tokenizer."""
+
+
+def check_resume_tokenizer(
+    path: Path, model: str, settings: dict[str, Any], dtype: str | None, summary: dict[str, Any] | None
+) -> None:
+    """Refuse to resume onto records whose `tokenizer_summary` differs from this run's.
+
+    Why: resuming keys on model, settings and dtype, not on how prompts were tokenized. Sessions
+    8–14 ran Gemma-3 with a wrongly built tokenizer; appending right-tokenizer records to such a
+    file would mix two experiments under one name. Records without a summary (older) cannot tell
+    and are let through.
+    """
+    if summary is None:
+        return
+    for rec in _matching_records(path, model, settings, dtype):
+        theirs = rec.get("tokenizer_summary")
+        if theirs is not None and theirs != summary:
+            raise ResumeMismatchError(
+                f"{path} holds records of this run made with another tokenizer ({theirs}; this run's: {summary}); "
+                "resume into another --out file, or start over with --fresh"
+            )
+
+
 def run_bench(
     llm: LLM,
     samples: list[BenchSample],
@@ -216,6 +241,8 @@ def run_bench(
     model_name = getattr(llm, "model_name", "custom")
     settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
     dtype = (meta or {}).get("dtype")
+    if resume:
+        check_resume_tokenizer(out_path, model_name, settings_key, dtype, (meta or {}).get("tokenizer_summary"))
     done = completed_pairs(out_path, model_name, settings_key, dtype) if resume else set()
     if not resume and out_path.exists():
         out_path.unlink()
