@@ -232,6 +232,7 @@ def ssr_overhead(model, tok, args, device) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
@@ -283,7 +284,7 @@ def main() -> None:
         prompt_ids = torch.randint(10, 1000, (42,), generator=g).tolist()
         args.skip_ssr = True
     else:
-        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
         model, tok = loaded.model, loaded.tokenizer
         fmt = ThinkingFormat.detect(tok)
         prompt_ids = build_prompt_ids(tok, args.prompt, fmt, enable_thinking=False)

@@ -111,6 +111,7 @@ def probe(llm: LLM, tokens: int, sizes: list[int], companion: bool = False) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tokens", type=int, default=2400)
     parser.add_argument("--chunk", default="16",
@@ -132,7 +133,7 @@ def main() -> None:
     config = EngineConfig(num_slots=3 if args.companion else 2, max_len=args.max_len)
     if args.token_buckets:
         config.graph_buckets = GraphBuckets(tokens=tuple(int(x) for x in args.token_buckets.split(",")))
-    llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=config)
+    llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=config, tokenizer=args.tokenizer)
     result = {
         "model": args.model, "dtype": args.dtype, "tokens": args.tokens, "chunk": sizes, "companion": args.companion, "max_len": args.max_len,
         "token_buckets": list(config.graph_buckets.tokens),

@@ -240,6 +240,7 @@ def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: b
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--benchmark", default="humaneval")
@@ -278,7 +279,7 @@ def main() -> None:
     samples = [s for s in everything if s.id in set(args.id)]
     if len(samples) != len(set(args.id)):
         sys.exit(f"unknown ids: {sorted(set(args.id) - {s.id for s in samples})}")
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
     fit = fit_to_context(samples, loaded.tokenizer, loaded.thinking, model_context_length(loaded.model.config),
                          settings.cot_cap, settings.answer_cap)
     from selfspec.engine.static_forward import GraphBuckets
