@@ -514,3 +514,19 @@ def test_a_named_rerun_of_common_samples_is_set_beside_the_unnamed_run(tmp_path:
     # a named run without common samples, or without an unnamed twin: no section
     lonely = [dict(r, sample_id="s9") for r in alone]
     assert "## The same samples" not in build_report([_write(tmp_path / "l.jsonl", shared + lonely)], tmp_path / "l").read_text()
+
+
+def test_the_paper_row_table_says_how_many_samples_shared_the_gpu():
+    """Shared samples read faster in the speculative modes (session 14), so the headline says how many there were."""
+    from selfspec.bench.report import ours_beside_theirs
+
+    def pair(sample, tenants):
+        return [_rec(sample, "baseline", 10.0, gpu_co_tenants=tenants), _rec(sample, "prefix+suffix", 8.0, gpu_co_tenants=tenants)]
+
+    md, (row,) = ours_beside_theirs(group_records(pair("s0", 1) + pair("s1", 0) + pair("s2", None)))
+    assert row["gpu_sharing"] == {"alone": 1, "shared": 1, "not recorded": 1}
+    assert "| 1 / 3 (1 not recorded) |" in "\n".join(md) and "| shared GPU |" in md[4]
+    md, _ = ours_beside_theirs(group_records(pair("s0", None)))
+    assert "| not recorded |" in "\n".join(md)
+    md, _ = ours_beside_theirs(group_records(pair("s0", 0) + pair("s1", 0)))
+    assert "| 0 / 2 |" in "\n".join(md)
