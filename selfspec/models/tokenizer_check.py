@@ -103,9 +103,10 @@ def defect_message(origin: str, problems: list[str]) -> str:
         f"the tokenizer built from {origin} by transformers {_version()} is wrong: "
         + "; ".join(problems)
         + ". Prompts would reach the model cut into pieces it was not trained on. Upgrade transformers "
-        "(5.24 builds GGUF tokenizers correctly), or pass a working tokenizer directory with --tokenizer "
-        "(tokenizer.json + tokenizer_config.json, e.g. saved by `selfspec save-tokenizer NAME DIR` "
-        "where transformers is newer)."
+        "(5.24 builds Gemma-3's and SmolLM2's correctly; 5.17 does not build Gemma-3's), or pass a working tokenizer "
+        "directory with --tokenizer "
+        "(tokenizer.json + tokenizer_config.json, e.g. saved by `selfspec save-tokenizer NAME DIR` on a machine "
+        "where it is built right)."
     )
 
 
