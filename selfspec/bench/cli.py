@@ -119,12 +119,12 @@ def bench(
     num_slots = max(num_slots, 3 * concurrency)
     from selfspec.bench.context_fit import fit_to_context
     from selfspec.engine.llm_engine import model_context_length
-    from selfspec.models import ModelNotFoundError, load_model
+    from selfspec.models import load_model
     from selfspec.models.tokenizer_check import tokenizer_summary
 
     try:
         loaded = load_model(model, device=device, dtype=dtype, tokenizer=tokenizer)
-    except (ModelNotFoundError, ValueError) as exc:  # includes TokenizerDefectError
+    except ValueError as exc:  # ModelNotFoundError and TokenizerDefectError are ValueErrors
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     # The engine gets the room the longest sample needs; samples that cannot fit the model's

@@ -434,15 +434,18 @@ def _finish(
     )
 
 
-def _load_adapter_model(
-    entry: ModelEntry,
-    device: torch.device,
-    dtype: torch.dtype,
-    cache_dir: Path,
-    attn: str,
-    depth: int,
-    tokenizer_dir: str | os.PathLike[str] | None = None,
-) -> LoadedModel:
+@dataclass(frozen=True)
+class _LoadOptions:
+    """What `load_model` was asked for, passed whole down the adapter-on-base recursion."""
+
+    device: torch.device
+    dtype: torch.dtype
+    cache_dir: Path
+    attn: str
+    tokenizer_dir: str | os.PathLike[str] | None = None
+
+
+def _load_adapter_model(entry: ModelEntry, options: _LoadOptions, depth: int) -> LoadedModel:
     """Load `entry.base` in float32 on CPU, merge the LoRA adapter, then cast and move."""
     from peft import PeftModel
 
@@ -450,15 +453,13 @@ def _load_adapter_model(
     assert entry.base is not None and entry.adapter_dir is not None
     if not (entry.adapter_dir / "adapter_config.json").is_file():
         raise ModelNotFoundError(f"adapter of {entry.name!r} not found: no adapter_config.json in {entry.adapter_dir}")
-    base = _load(entry.base, torch.device("cpu"), torch.float32, cache_dir, attn, depth + 1, tokenizer_dir)
+    base = _load(entry.base, replace(options, device=torch.device("cpu"), dtype=torch.float32), depth + 1)
     with _TRANSFORMERS_LOCK:
         merged = PeftModel.from_pretrained(base.model, str(entry.adapter_dir)).merge_and_unload()
     tokenizer = base.tokenizer
-    if tokenizer_dir is None and (entry.adapter_dir / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
+    if options.tokenizer_dir is None and (entry.adapter_dir / "tokenizer_config.json").is_file():
         with _TRANSFORMERS_LOCK:
-            tokenizer = AutoTokenizer.from_pretrained(str(entry.adapter_dir), local_files_only=True)
+            tokenizer = _load_hf_tokenizer(str(entry.adapter_dir))
         if len(tokenizer) > merged.get_input_embeddings().num_embeddings:
             raise ValueError(
                 f"adapter {entry.name!r} ships a tokenizer of {len(tokenizer)} tokens, more than "
@@ -471,31 +472,26 @@ def _load_adapter_model(
         thinking_start=entry.thinking_start,
         thinking_end=entry.thinking_end,
     )
-    return _finish(merged, tokenizer, resolved, device, dtype, started)
+    return _finish(merged, tokenizer, resolved, options.device, options.dtype, started)
 
 
-def _load(
-    spec: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    cache_dir: Path,
-    attn: str,
-    depth: int,
-    tokenizer_dir: str | os.PathLike[str] | None = None,
-) -> LoadedModel:
+def _load(spec: str, options: _LoadOptions, depth: int) -> LoadedModel:
     if depth > _MAX_ADAPTER_DEPTH:
         raise ValueError(f"model {spec!r}: adapter bases nest deeper than {_MAX_ADAPTER_DEPTH} (a cycle?)")
     started = time.perf_counter()
     entry = get_model_entry(spec)
     if entry is not None and entry.adapter_dir is not None:
-        return _load_adapter_model(entry, device, dtype, cache_dir, attn, depth, tokenizer_dir)
-    resolved = _resolve_packaged(entry, cache_dir) if entry is not None else _resolve_path_or_id(spec, cache_dir)
+        return _load_adapter_model(entry, options, depth)
+    resolved = (
+        _resolve_packaged(entry, options.cache_dir) if entry is not None else _resolve_path_or_id(spec, options.cache_dir)
+    )
+    tokenizer_dir = options.tokenizer_dir
     try:
         with _TRANSFORMERS_LOCK:
             # The tokenizer first: a hub id missing from the local cache fails there at once
             # (the model's loader would ask the network for an adapter config first).
             tokenizer = _model_tokenizer(resolved, tokenizer_dir)
-            model = _load_hf_model(resolved.weights, dtype, attn)
+            model = _load_hf_model(resolved.weights, options.dtype, options.attn)
     except TokenizerDefectError:
         raise
     except (OSError, ValueError) as error:
@@ -505,7 +501,7 @@ def _load(
         raise
     if tokenizer_dir is not None:
         resolved = replace(resolved, source=f"{resolved.source}; tokenizer from {Path(tokenizer_dir).expanduser()}")
-    return _finish(model, tokenizer, resolved, device, dtype, started)
+    return _finish(model, tokenizer, resolved, options.device, options.dtype, started)
 
 
 def load_model(
@@ -538,9 +534,8 @@ def load_model(
     resolved_dtype = parse_dtype(dtype)
     resolved_device = resolve_device(device)
     with torch.no_grad():
-        return _load(
-            spec.strip(), resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, 0, tokenizer
-        )
+        options = _LoadOptions(resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, tokenizer)
+        return _load(spec.strip(), options, 0)
 
 
 # --- listing -----------------------------------------------------------------------------------

@@ -47,6 +47,17 @@ def _version() -> str:
         return "unknown"
 
 
+def _probe(tokenizer: Any) -> dict[str, Any]:
+    """`PROBE_TEXT` encoded once: the ids after any `<bos>`, whether one was added, and the
+    characters a token (rounded; None for an empty encoding)."""
+    ids = list(tokenizer(PROBE_TEXT)["input_ids"])
+    bos = getattr(tokenizer, "bos_token_id", None)
+    adds_bos = bool(ids) and bos is not None and ids[0] == bos
+    content = ids[1:] if adds_bos else ids
+    ratio = round(len(PROBE_TEXT) / len(content), 2) if content else None
+    return {"content_ids": content, "adds_bos": adds_bos, "probe_chars_per_token": ratio}
+
+
 def tokenizer_problems(tokenizer: Any, *, expects_bos: bool | None = None) -> list[str]:
     """What is wrong with `tokenizer` (empty when nothing is), each as one sentence.
 
@@ -54,23 +65,18 @@ def tokenizer_problems(tokenizer: Any, *, expects_bos: bool | None = None) -> li
     unknown: not checked).
     """
     problems: list[str] = []
-    ids = list(tokenizer(PROBE_TEXT)["input_ids"])
-    bos = getattr(tokenizer, "bos_token_id", None)
-    starts_with_bos = bool(ids) and bos is not None and ids[0] == bos
-    content = ids[1:] if starts_with_bos else ids
-    vocab = len(tokenizer)
-    if vocab >= MIN_JUDGED_VOCAB and content:
-        ratio = len(PROBE_TEXT) / len(content)
-        if ratio < MIN_CHARS_PER_TOKEN:
-            pieces = tokenizer.convert_ids_to_tokens(content[:8])
-            problems.append(
-                f"it splits plain English into {len(content)} tokens for {len(PROBE_TEXT)} characters "
-                f"({ratio:.1f} characters a token; a working {vocab:,}-piece vocabulary gives more than "
-                f"{MIN_CHARS_PER_TOKEN}), starting {'|'.join(map(str, pieces))}"
-            )
-    if expects_bos is True and not starts_with_bos:
+    probe = _probe(tokenizer)
+    vocab, ratio = len(tokenizer), probe["probe_chars_per_token"]
+    if vocab >= MIN_JUDGED_VOCAB and ratio is not None and ratio < MIN_CHARS_PER_TOKEN:
+        pieces = tokenizer.convert_ids_to_tokens(probe["content_ids"][:8])
+        problems.append(
+            f"it splits plain English into {len(probe['content_ids'])} tokens for {len(PROBE_TEXT)} characters "
+            f"({ratio:.1f} characters a token; a working {vocab:,}-piece vocabulary gives more than "
+            f"{MIN_CHARS_PER_TOKEN}), starting {'|'.join(map(str, pieces))}"
+        )
+    if expects_bos is True and not probe["adds_bos"]:
         problems.append("it adds no <bos> token, though the model's metadata says one is prepended")
-    if expects_bos is False and starts_with_bos:
+    if expects_bos is False and probe["adds_bos"]:
         problems.append("it adds a <bos> token, though the model's metadata says none is prepended")
     return problems
 
@@ -78,15 +84,12 @@ def tokenizer_problems(tokenizer: Any, *, expects_bos: bool | None = None) -> li
 def tokenizer_summary(tokenizer: Any) -> dict[str, Any]:
     """What a benchmark record keeps about its tokenizer: vocabulary size, characters a token
     on `PROBE_TEXT`, whether a `<bos>` is added. Two runs whose summaries differ did not feed
-    the model the same prompts (sessions 5–14's Gemma runs would have shown 2.5, not 5.6)."""
-    ids = list(tokenizer(PROBE_TEXT)["input_ids"])
-    bos = getattr(tokenizer, "bos_token_id", None)
-    adds_bos = bool(ids) and bos is not None and ids[0] == bos
-    content = len(ids) - int(adds_bos)
+    the model the same prompts (sessions 8–14's Gemma runs would have shown 1.0, not 5.6)."""
+    probe = _probe(tokenizer)
     return {
         "vocab": len(tokenizer),
-        "probe_chars_per_token": round(len(PROBE_TEXT) / content, 2) if content else None,
-        "adds_bos": adds_bos,
+        "probe_chars_per_token": probe["probe_chars_per_token"],
+        "adds_bos": probe["adds_bos"],
     }
 
 
