@@ -390,3 +390,39 @@ def test_resuming_onto_records_of_another_tokenizer_is_refused(bench_run, tmp_pa
     assert len(out.read_text().splitlines()) == 1  # nothing appended
     result = CliRunner().invoke(app, args + ["--fresh"])
     assert result.exit_code == 0 and len(out.read_text().splitlines()) == 2
+
+
+def test_a_draft_budget_sweep_runs_once_per_budget_and_the_report_plots_each(bench_run, tmp_path: Path):
+    """`--draft-budget 6,12`: one run per budget on one engine, each with its own exact baseline and the
+    command that reproduces it alone; resuming runs nothing again; the report's budget plot has both."""
+    _, _, root = bench_run
+    out = tmp_path / "sweep.jsonl"
+    limits = ["--cot-cap", "24", "--max-draft", "16", "--answer-cap", "16"]
+    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline,prefix+suffix",
+            *limits, "--draft-budget", "6,12", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["settings"]["draft_budget"], r["mode"]) for r in records) == [
+        (6, "baseline"), (6, "prefix+suffix"), (12, "baseline"), (12, "prefix+suffix")]
+    assert all(r["exact_match"] is True for r in records)
+    for r in records:
+        assert f"--draft-budget {r['settings']['draft_budget']} " in r["command"]
+    # The fork happened at each budget: the draft saw that many CoT tokens, so the runs really differ.
+    ssr = {r["settings"]["draft_budget"]: r for r in records if r["mode"] == "prefix+suffix"}
+    assert ssr[6]["drafts"] >= 1 and ssr[12]["drafts"] >= 1
+    result = CliRunner().invoke(app, args)  # resumed: both budgets are done
+    assert result.exit_code == 0 and len(out.read_text().splitlines()) == 4
+    rep = tmp_path / "rep"
+    result = CliRunner().invoke(app, ["bench", "report", str(out), "--out-dir", str(rep)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    summary = json.loads((rep / "summary.json").read_text())
+    assert [p["draft_budgets"] for p in summary["budget_plots"]] == [[6, 12]]
+
+
+@pytest.mark.parametrize("budgets", ["0", "abc", "8,8", ",", "8,-1"])
+def test_bad_draft_budgets_are_a_clear_error(budgets: str, tmp_path: Path):
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["bench", "--limit", "1", "--model", "nowhere", "--draft-budget", budgets,
+                                      "--out", str(out)])
+    assert result.exit_code == 2 and "--draft-budget" in result.output and not out.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ def bench(
     path: Optional[str] = typer.Option(None, help="Dataset file (or LongProc data dir) of the upstream format."),
     cot_cap: int = typer.Option(2000, help="CoT cap: thinking is closed by force at this many tokens."),
     answer_cap: Optional[int] = typer.Option(None, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."),
-    draft_budget: int = typer.Option(500, help="CoT length at which the draft is forked."),
+    draft_budget: str = typer.Option("500", help="CoT length at which the draft is forked. Comma-separated (e.g. 50,100,200,400) for a sweep: one run per budget on one loaded engine, each with its own baseline, so that the report plots speedup against draft budget."),
     draft_interval: Optional[int] = typer.Option(None, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."),
     max_draft: int = typer.Option(500, help="Maximum draft length (tokens)."),
     natural: bool = typer.Option(False, "--natural/--fixed", help="Natural lengths (EOS and the model's end of thinking honoured) instead of the paper's fixed lengths."),
@@ -80,12 +81,13 @@ def bench(
     if unknown:
         console.print(f"[red]error:[/] unknown mode(s) {unknown}; choose from {', '.join(ALL_MODES)}")
         raise typer.Exit(2)
+    budgets = _parse_budgets(draft_budget)
     family = benchmark.split("/")[0]
     cap = answer_cap or PAPER_ANSWER_CAPS.get(family, 1500)
     settings = BenchSettings(
         cot_cap=cot_cap,
         answer_cap=cap,
-        draft_budget=draft_budget,
+        draft_budget=budgets[0],
         draft_interval=draft_interval,
         max_draft_len=max_draft,
         fixed_length=not natural,
@@ -150,7 +152,6 @@ def bench(
     meta = {
         "device": device if device == "cpu" else device_name(device),
         "dtype": dtype,
-        "command": _command_line(ctx.params),
         "date": time.strftime("%Y-%m-%d"),
         "versions": library_versions(),
         "tokenizer": str(Path(tokenizer).expanduser().resolve()) if tokenizer else "model",  # where prompts were tokenized
@@ -159,24 +160,47 @@ def bench(
         "inductor": inductor_modes(),  # deterministic / batch-invariant compiled kernels
         "token_buckets": list(buckets.tokens),  # static forwards' token buckets (a bf16 rounding factor)
     }
-    console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}")
-    if not samples and not resume and Path(out).exists():
-        Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
+    console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}"
+                  + (f" (draft budgets {', '.join(map(str, budgets))}: one run each)" if len(budgets) > 1 else ""))
+    for index, budget in enumerate(budgets):
+        run_settings = dataclasses.replace(settings, draft_budget=budget)
+        # Each run's records carry the command that reproduces that run alone.
+        run_meta = {**meta, "command": _command_line({**ctx.params, "draft_budget": str(budget)})}
+        fresh = not resume and index == 0  # --fresh clears the file once, not each budget's records
+        if not samples and fresh and Path(out).exists():
+            Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
+        try:
+            records = run_bench(llm, samples, mode_list, run_settings, Path(out), resume=not fresh, score=score,
+                                meta=run_meta, warm_each_group=group_warm_up,
+                                co_tenant_probe=co_tenant_probe(device)) if samples else []
+        except ResumeMismatchError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        record_skipped(Path(out), fit.skipped, llm.model_name, run_settings, run_meta)  # after run_bench: --fresh clears the file
+        if check_exact:
+            _print_exactness(mismatches(records), budget if len(budgets) > 1 else None)
+
+
+def _parse_budgets(text: str) -> list[int]:
+    """`--draft-budget`: one positive integer, or several comma-separated (a sweep), in the order given."""
     try:
-        records = run_bench(llm, samples, mode_list, settings, Path(out), resume=resume, score=score, meta=meta,
-                            warm_each_group=group_warm_up, co_tenant_probe=co_tenant_probe(device)) if samples else []
-    except ResumeMismatchError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    record_skipped(Path(out), fit.skipped, llm.model_name, settings, meta)  # after run_bench: --fresh clears the file
-    if check_exact:
-        bad = mismatches(records)
-        if bad:
-            console.print(f"[red]{len(bad)} outputs differ from the baseline:[/]")
-            for sid, mode in bad:
-                console.print(f"  {sid}  {mode}")
-        else:
-            console.print("[green]every mode matched the baseline token for token[/]")
+        budgets = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        budgets = []
+    if not budgets or any(b < 1 for b in budgets) or len(set(budgets)) != len(budgets):
+        console.print(f"[red]error:[/] --draft-budget {text!r}: give a positive integer, or distinct ones separated by commas")
+        raise typer.Exit(2)
+    return budgets
+
+
+def _print_exactness(bad: list[tuple[str, str]], budget: int | None) -> None:
+    where = f" (draft budget {budget})" if budget is not None else ""
+    if bad:
+        console.print(f"[red]{len(bad)} outputs differ from the baseline{where}:[/]")
+        for sid, mode in bad:
+            console.print(f"  {sid}  {mode}")
+    else:
+        console.print(f"[green]every mode matched the baseline token for token{where}[/]")
 
 
 @bench_app.command()
