@@ -530,3 +530,34 @@ def test_the_paper_row_table_says_how_many_samples_shared_the_gpu():
     assert "| not recorded |" in "\n".join(md)
     md, _ = ours_beside_theirs(group_records(pair("s0", 0) + pair("s1", 0)))
     assert "| 0 / 2 |" in "\n".join(md)
+
+
+def test_reuse_ablation_pairs_each_run_with_its_own_baseline_beside_the_papers_row(tmp_path: Path):
+    """ClassEval: full SSR in the main run, prefix and suffix in a named ablation run with its own baseline.
+    Each row's speedups use that run's baseline; loop samples leave the second column; the paper's row
+    is there, labelled as theirs; a benchmark other than ClassEval gets no ablation row."""
+    named = {**_settings(), "run_name": "ablation"}
+    path = _write(tmp_path / "runs.jsonl", [
+        _rec("c0", "baseline", 10.0, benchmark="classeval"), _rec("c0", "prefix+suffix", 5.0, benchmark="classeval"),
+        _rec("c1", "baseline", 12.0, benchmark="classeval", loop=True),
+        _rec("c1", "prefix+suffix", 4.0, benchmark="classeval"),
+        _rec("c0", "baseline", 20.0, benchmark="classeval", settings=named),
+        _rec("c0", "prefix", 16.0, benchmark="classeval", settings=named),
+        _rec("c0", "suffix", 10.0, benchmark="classeval", settings=named),
+        _rec("h0", "baseline", 10.0), _rec("h0", "prefix", 5.0),  # HumanEval: not the paper's ablation row
+    ])
+    out = tmp_path / "rep"
+    build_report([path], out)
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["run"]: r for r in summary["reuse_ablation"]}
+    assert set(rows) == {"tiny / classeval, draft budget 100, float32",
+                         "tiny / classeval, draft budget 100, float32, run ablation"}
+    main, ablation = rows["tiny / classeval, draft budget 100, float32"], rows["tiny / classeval, draft budget 100, float32, run ablation"]
+    assert main["speedup"] == {"prefix+suffix": pytest.approx((2.0 + 3.0) / 2)}
+    assert main["speedup_without_loops"] == {"prefix+suffix": pytest.approx(2.0)} and main["n_without_loops"] == 1
+    assert main["baseline_loops"] == 1 and not main["loop_dominated"]  # 1 of 2 is not more than half
+    assert ablation["speedup"] == {"prefix": pytest.approx(1.25), "suffix": pytest.approx(2.0)}
+    text = (out / "report.md").read_text()
+    assert "## Reuse ablation on ClassEval: ours beside the paper's" in text
+    assert "| paper: Gemma-4-E4B (theirs) | – | – | 1.086x | 1.318x | 1.318x | – |" in text
+    assert "| tiny / classeval, draft budget 100, float32, run ablation | 1 | 0 / 1 | 1.250x | 2.000x | – |" in text

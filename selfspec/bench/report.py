@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from selfspec.bench.ablation import ablation_section
 from selfspec.bench.modes import ALL_MODES, SKIPPED
 
 Record = dict[str, Any]
@@ -645,6 +646,8 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
     comparison_md, summary["ours_beside_theirs"] = ours_beside_theirs(groups)
     md += comparison_md
+    ablation_md, summary["reuse_ablation"] = ablation_section(groups, PAPER_ABLATION_SPEEDUP)
+    md += ablation_md
 
     for index, group in enumerate(groups):
         stem = f"{index:02d}_{_slug(group.model)}_{_slug(group.benchmark)}"
