@@ -646,7 +646,7 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
     comparison_md, summary["ours_beside_theirs"] = ours_beside_theirs(groups)
     md += comparison_md
-    ablation_md, summary["reuse_ablation"] = ablation_section(groups, PAPER_ABLATION_SPEEDUP)
+    ablation_md, summary["reuse_ablation"] = ablation_section(groups, PAPER_ABLATION_SPEEDUP, LOOP_DOMINATED_SHARE)
     md += ablation_md
 
     for index, group in enumerate(groups):
