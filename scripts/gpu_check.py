@@ -4,6 +4,8 @@ Run on a CUDA machine (the CPU test suite covers the uncaptured static path):
 
     python scripts/gpu_check.py                     # tiny models only (fp32), ~1 min
     python scripts/gpu_check.py --model smollm2     # plus a bf16 long-generation agreement check
+    python scripts/gpu_check.py --model gemma3-270m --tokenizer gemma3-270m=/tmp/m/gemma3-270m-tokenizer
+                                                    # a model whose GGUF tokenizer that transformers builds wrongly
 
 Checks, each printed PASS/FAIL (exit status 1 on any FAIL):
 1. fp32, tiny Llama / Qwen3 / Gemma-3 (sliding window 8): greedy tokens of the captured
@@ -156,11 +158,12 @@ def check_sps(device: str) -> None:
            if llm.draft_runner.runner.static else None)
 
 
-def check_real(model_name: str, tokens: int, device: str) -> None:
+def check_real(model_name: str, tokens: int, device: str, tokenizer: str | None = None) -> None:
     from selfspec.models import load_model
     from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
 
-    loaded = load_model(model_name, device=device, dtype="bfloat16" if device == "cuda" else "float32")
+    loaded = load_model(model_name, device=device, dtype="bfloat16" if device == "cuda" else "float32",
+                        tokenizer=tokenizer)
     model, tok = loaded.model, loaded.tokenizer
     fmt = ThinkingFormat.detect(tok)
     prompt = build_prompt_ids(tok, "Write a long, detailed tutorial on Python classes with many examples.", fmt,
@@ -192,7 +195,14 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of the static path")
+    parser.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=DIR",
+                        help="tokenizer directory for one --model instead of its own (repeatable; e.g. "
+                             "gemma3-270m=/tmp/m/gemma3-270m-tokenizer where transformers 5.17 builds Gemma-3's wrongly)")
     args = parser.parse_args()
+    tokenizers = dict(item.split("=", 1) for item in args.tokenizer if "=" in item)
+    unknown = [item for item in args.tokenizer if "=" not in item or item.split("=", 1)[0] not in args.model]
+    if unknown:
+        parser.error(f"--tokenizer {unknown[0]!r}: give MODEL=DIR for a model named by --model")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: this script checks CUDA graphs (the CPU tests cover the static path)")
         return 2
@@ -200,7 +210,7 @@ def main() -> int:
     check_tiny(args.device)
     check_sps(args.device)
     for name in args.model:
-        check_real(name, args.tokens, args.device)
+        check_real(name, args.tokens, args.device, tokenizers.get(name))
     meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "seconds": round(time.perf_counter() - start, 1)}
     print(json.dumps(meta))
     if args.json:
