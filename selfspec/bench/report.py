@@ -251,6 +251,10 @@ class Group:
             out[rec["sample_id"]].append(rec)
         return dict(out)
 
+    def baseline_count(self) -> int:
+        """Samples with a baseline record: the n that loop and no-answer shares are taken of."""
+        return len({r["sample_id"] for r in self.records if r["mode"] == BASELINE})
+
     def baseline_loop_samples(self) -> list[str]:
         return sorted({r["sample_id"] for r in self.records if r["mode"] == BASELINE and r.get("loop") is True})
 
@@ -425,7 +429,7 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
         clean_table = group.table(exclude=excluded) if excluded else table
         clean = clean_table.get(FULL_SSR_MODE)
         row = _paper_row(group.benchmark)
-        baselines = len({r["sample_id"] for r in group.records if r["mode"] == BASELINE})
+        baselines = group.baseline_count()
         no_answer = (table.get(BASELINE) or {}).get("no_answer", 0)
         clean_no_answer = (clean_table.get(BASELINE) or {}).get("no_answer", 0)
         rows.append({
