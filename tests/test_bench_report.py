@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,9 @@ def test_markdown_rows_paper_numbers_metadata_and_plots(report):
     assert len(budget) == 1 and budget[0]["draft_budgets"] == [100, 200]
     pngs = [g["plots"]["latency"] for g in summary["groups"]] + [b["plot"] for b in summary["budget_plots"]]
     assert len(pngs) == 5
+    # Named by model, benchmark and a hash of the settings, not by place: adding a run renames nothing.
+    assert all(re.fullmatch(r"(latency|budget)_.+_[0-9a-f]{8}\.png", name) for name in pngs)
+    assert len(set(pngs)) == len(pngs)
     for name in pngs:
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
@@ -135,6 +139,17 @@ def test_rerun_removes_plots_of_groups_no_longer_reported(tmp_path: Path):
     text = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
     assert not stale.exists() and keep.exists()
     assert all(f"]({p.name})" in text for p in out.glob("latency_*.png"))
+
+
+def test_adding_a_run_that_sorts_first_renames_no_plot(tmp_path: Path):
+    later = [_rec("s0", "baseline", 2.0, model="zeta"), _rec("s0", "prefix", 1.0, model="zeta")]
+    first = [_rec("s0", "baseline", 2.0, model="alpha"), _rec("s0", "prefix", 1.0, model="alpha")]
+    out = tmp_path / "rep"
+    build_report([_write(tmp_path / "z.jsonl", later)], out)
+    before = sorted(p.name for p in out.glob("*.png"))
+    build_report([_write(tmp_path / "z.jsonl", later), _write(tmp_path / "a.jsonl", first)], out)
+    after = sorted(p.name for p in out.glob("*.png"))
+    assert set(before) < set(after) and len(after) == 2 * len(before)
 
 
 def test_oracle_at_most_one_gives_no_fraction(tmp_path: Path):

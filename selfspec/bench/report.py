@@ -9,6 +9,7 @@ itself, and a draft of the same loop "matches" for free, which flatters every dr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -539,12 +540,23 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")[:60] or "x"
 
 
-_PLOT_NAME = re.compile(r"(latency|budget)_\d{2}_.+\.png")
+def _plot_stem(model: str, benchmark: str, settings_key: str) -> str:
+    """A plot's file stem: model, benchmark and a short hash of the run's settings.
+
+    Why a hash and not the group's place in the report: numbered names shifted whenever a new
+    run sorted before the others, so adding one run renamed every committed plot (forty files
+    in one commit). Hashed, a run's plots keep their names for as long as its settings do."""
+    digest = hashlib.sha1("\0".join((model, benchmark, settings_key)).encode()).hexdigest()[:8]  # slugs may collide
+    return f"{_slug(model)}_{_slug(benchmark)}_{digest}"
+
+
+# Numbered names (reports before session 16) and hashed ones: both are the report's own.
+_PLOT_NAME = re.compile(r"(latency|budget)_(\d{2}_.+|.+_[0-9a-f]{8})\.png")
 
 
 def _remove_previous_plots(out_dir: Path) -> None:
-    """Delete plots an earlier report wrote here: their numbered names shift when a new
-    group sorts before them, and stale files would sit beside the report as if current."""
+    """Delete plots an earlier report wrote here: a run no longer reported (or one whose
+    settings changed) would leave its plots beside the report as if current."""
     for path in out_dir.glob("*.png"):
         if _PLOT_NAME.fullmatch(path.name):
             path.unlink()
@@ -653,8 +665,8 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     ablation_md, summary["reuse_ablation"] = ablation_section(groups, PAPER_ABLATION_SPEEDUP, LOOP_DOMINATED_SHARE)
     md += ablation_md
 
-    for index, group in enumerate(groups):
-        stem = f"{index:02d}_{_slug(group.model)}_{_slug(group.benchmark)}"
+    for group in groups:
+        stem = _plot_stem(group.model, group.benchmark, group.key[2])
         table = group.table()
         excluded = group.baseline_loop_samples()
         table_clean = group.table(exclude=set(excluded)) if excluded else table
@@ -701,10 +713,11 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
 
     md += ["## Speedup against draft budget", ""]
     summary["budget_plots"] = []
-    for index, family in enumerate(budget_families(groups)):
+    for family in budget_families(groups):
         head = family[0]
+        stem = _plot_stem(head.model, head.benchmark, _settings_key(head.settings, drop=BUDGET_KEYS))
         png = plots.plot_speedup_vs_budget(head.label, _budget_series(family), _budget_series(family, no_loops=True),
-                                           out_dir / f"budget_{index:02d}_{_slug(head.model)}_{_slug(head.benchmark)}.png")
+                                           out_dir / f"budget_{stem}.png")
         budgets = sorted({g.settings.get("draft_budget") for g in family}, key=lambda b: (b is None, b or 0))
         md += [f"![speedup vs draft budget, {head.label}]({png.name})", "",
                f"{head.label}: draft budgets {', '.join(map(str, budgets))}"
