@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from selfspec.bench.report import ReportError, build_report, group_records, load_records
+from selfspec.bench.records import ReportError, group_records, load_records
+from selfspec.bench.report import build_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -429,7 +430,8 @@ def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
 
 
 def test_divergence_summary_counts_phases_and_shapes():
-    from selfspec.bench.report import _divergence_lines, divergence_summary
+    from selfspec.bench.report import _divergence_lines
+    from selfspec.bench.run_checks import divergence_summary
 
     def rec(sid, mode, index=None, phase=None, shape=None, base=None):
         r = _rec(sid, mode, 10.0)
@@ -457,7 +459,8 @@ def test_divergence_summary_counts_phases_and_shapes():
 
 def test_exact_match_is_split_by_package_source_when_a_run_mixes_versions():
     """A resumed file can span engine versions: the report gives each version's exact-match count."""
-    from selfspec.bench.report import _exactness_by_source_lines, exactness_by_source
+    from selfspec.bench.report import _exactness_by_source_lines
+    from selfspec.bench.run_checks import exactness_by_source
 
     def rec(sid, mode, exact=None, source=None):
         r = _rec(sid, mode, 10.0)

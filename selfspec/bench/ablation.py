@@ -13,10 +13,9 @@ loops keep their numbers but are marked: a draft that repeats the loop is accept
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # report.py imports this module
-    from selfspec.bench.report import Group
+from selfspec.bench.records import Group
 
 ABLATION_MODES = ("prefix", "suffix", "prefix+suffix")
 ABLATION_BENCHMARK = "classeval"  # the paper's ablation row

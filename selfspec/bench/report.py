@@ -11,22 +11,41 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
-import statistics
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from selfspec.bench.ablation import ablation_section
-from selfspec.bench.modes import ALL_MODES, SKIPPED
+from selfspec.bench.modes import SKIPPED
+from selfspec.bench.records import (
+    BASELINE,
+    BUDGET_KEYS,
+    Group,
+    Record,
+    ReportError,
+    budget_families,
+    group_key,
+    group_records,
+    load_records,
+    mode_order,
+    run_settings,
+    settings_key,
+)
+from selfspec.bench.run_checks import (
+    SHARING_CONDITIONS,
+    concurrency_checks,
+    divergence_summary,
+    exactness_by_source,
+    position_check,
+    rerun_checks,
+    sample_sharing,
+    sharing_check,
+    timing_check,
+)
 
-Record = dict[str, Any]
+__all__ = ["ReportError", "build_report", "group_records", "load_records", "ours_beside_theirs", "paper_table"]
 
-BASELINE = "baseline"
-# Settings that vary along the draft-budget sweep; the rest must match to share a plot.
-BUDGET_KEYS = ("draft_budget", "draft_interval")
 
 # Reported by the SSR paper (patched vLLM, 4B models): latency reduction of full SSR.
 PAPER_LATENCY_REDUCTION_PCT: dict[str, dict[str, float]] = {
@@ -34,273 +53,16 @@ PAPER_LATENCY_REDUCTION_PCT: dict[str, dict[str, float]] = {
     "HumanEval": {"Qwen3.5-4B": 2.9, "Gemma-4-E4B": 14.6},
     "LongProc-2K": {"Qwen3.5-4B": 9.1, "Gemma-4-E4B": 7.1},
 }
+
+
 PAPER_MODELS = ("Qwen3.5-4B", "Gemma-4-E4B")
+
+
 # The paper's ablation on Gemma-4-E4B / ClassEval, as speedups.
 PAPER_ABLATION_SPEEDUP: dict[str, float] = {"prefix": 1.086, "suffix": 1.318, "prefix+suffix": 1.318}
+
+
 _PAPER_ROW_FOR_BENCHMARK = {"classeval": "ClassEval", "humaneval": "HumanEval", "longproc": "LongProc-2K"}
-
-
-class ReportError(ValueError):
-    """The inputs cannot make a report (no files, no records, a corrupt line)."""
-
-
-# ---------------------------------------------------------------- loading
-
-
-def load_records(inputs: Iterable[Path]) -> list[Record]:
-    """All records of the inputs, deduplicated on (model, benchmark, sample, mode, settings).
-
-    The last record of a key wins, so a re-run or a resumed file replaces older numbers.
-    A bad *last* line is skipped (a bench run may be writing the file right now); a bad
-    line anywhere else is an error, since silently dropping data would bias the means.
-    """
-    latest: dict[tuple, Record] = {}
-    paths = list(inputs)
-    if not paths:
-        raise ReportError("no input files given")
-    for path in paths:
-        if not path.exists():
-            raise ReportError(f"input file not found: {path}")
-        lines = _read_text(path).splitlines()
-        for lineno, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if lineno == len(lines):
-                    continue  # a partial line still being written
-                raise ReportError(f"{path}:{lineno}: not JSON ({exc})") from None
-            if not isinstance(rec, dict) or "mode" not in rec or "sample_id" not in rec:
-                raise ReportError(f"{path}:{lineno}: not a bench record (needs 'sample_id' and 'mode')")
-            latest.pop(_record_key(rec), None)  # re-insert so order follows the latest write
-            latest[_record_key(rec)] = rec
-    if not latest:
-        raise ReportError("no bench records in " + ", ".join(str(p) for p in paths))
-    return list(latest.values())
-
-
-def _read_text(path: Path) -> str:
-    """A JSONL file, gzip-compressed or not: committed raw results are kept as .jsonl.gz
-    (5-10x smaller) because the repository's tree travels to the GPU machine every call."""
-    if path.suffix == ".gz":
-        import gzip
-
-        with gzip.open(path, "rt") as handle:
-            return handle.read()
-    return path.read_text()
-
-
-def model_label(rec: Record) -> str:
-    """The model as tables name it: a local directory (a device run's `/tmp/out/.../adapter`)
-    by its last component, so the report does not print where a run happened to keep it."""
-    model = str(rec.get("model") or "unknown")
-    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", "./", "../")) else model
-
-
-def _record_key(rec: Record) -> tuple:
-    return (model_label(rec), rec.get("benchmark"), rec["sample_id"], rec["mode"], _settings_key(_run_settings(rec)))
-
-
-def _run_settings(rec: Record) -> dict[str, Any]:
-    """The record's bench settings plus its dtype: runs of the same settings in fp32 and bf16
-    are different measurements (other kernels, other step costs) and get their own tables."""
-    settings = dict(rec.get("settings") or {})
-    if rec.get("dtype") is not None:
-        settings["dtype"] = rec["dtype"]
-    return settings
-
-
-def _settings_key(settings: dict[str, Any] | None, drop: tuple[str, ...] = ()) -> str:
-    return json.dumps({k: v for k, v in (settings or {}).items() if k not in drop}, sort_keys=True)
-
-
-# ---------------------------------------------------------------- statistics
-
-
-def _mean(values: Iterable[Any]) -> float | None:
-    xs = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-    return sum(xs) / len(xs) if xs else None
-
-
-def _rate(values: Iterable[Any]) -> float | None:
-    xs = [bool(v) for v in values if v is not None]
-    return sum(xs) / len(xs) if xs else None
-
-
-def oracle_speedup(rec: Record) -> float | None:
-    """The record's oracle speedup, or (CoT + answer) / (CoT + 1) from its token counts."""
-    value = rec.get("oracle_speedup")
-    if isinstance(value, (int, float)):
-        return float(value)
-    cot, answer = rec.get("cot_tokens"), rec.get("answer_tokens")
-    if isinstance(cot, int) and isinstance(answer, int) and cot > 0:
-        return (cot + answer) / (cot + 1)
-    return None
-
-
-def _answer_time(rec: Record) -> float | None:
-    lat, think = rec.get("latency_s"), rec.get("thinking_s")
-    if isinstance(lat, (int, float)) and isinstance(think, (int, float)):
-        return lat - think
-    return None
-
-
-def _latency(rec: Record | None) -> float | None:
-    lat = (rec or {}).get("latency_s")
-    return float(lat) if isinstance(lat, (int, float)) and lat > 0 else None
-
-
-def _ms_per_forward(rec: Record) -> float | None:
-    """The run's latency per model forward in ms (the timing checks' unit); None without both."""
-    forwards, latency = rec.get("forwards"), rec.get("latency_s")
-    return 1e3 * latency / forwards if forwards and latency else None
-
-
-def mode_stats(records: list[Record], baseline: dict[str, Record]) -> dict[str, Any]:
-    """One table row: the mode's records against the baseline records keyed by sample id.
-
-    Speedup is the mean over samples of baseline_latency / mode_latency (paired), and the
-    latency reduction uses the same paired samples, so a mode that only ran on the easy
-    half of a benchmark cannot look faster than it is.
-    """
-    pairs = [(b, m) for rec in records if (m := _latency(rec)) and (b := _latency(baseline.get(rec["sample_id"])))]
-    speedup = _mean(b / m for b, m in pairs)
-    reduction = None
-    if pairs:
-        reduction = 100.0 * (1.0 - _mean(m for _, m in pairs) / _mean(b for b, _ in pairs))
-    oracle = _mean(oracle_speedup(r) for r in records)
-    realized = None
-    if speedup is not None and oracle is not None and oracle > 1.0:
-        realized = (speedup - 1.0) / (oracle - 1.0)
-    scored = [r.get("passed") for r in records if r.get("passed") is not None]
-    # Fixed lengths force answers past the model's own end-of-text: graded cut there too
-    # (`bench.end_of_text`); records from before that field have none.
-    scored_at_eos = [r.get("passed_at_eos") for r in records if r.get("passed_at_eos") is not None]
-    return {
-        "n": len(records),
-        "n_paired": len(pairs),
-        "mean_latency_s": _mean(r.get("latency_s") for r in records),
-        "mean_thinking_s": _mean(r.get("thinking_s") for r in records),
-        "mean_answer_s": _mean(_answer_time(r) for r in records),
-        "speedup": speedup,
-        "latency_reduction_pct": reduction,
-        "mean_accepted_prefix": _mean(r.get("accepted_prefix") for r in records),
-        "mean_suffix_accepted_tokens": _mean(r.get("suffix_accepted_tokens") for r in records),
-        "mean_acceptance_length": _mean(r.get("mean_acceptance_length") for r in records),
-        "mean_first_answer_token_s": _mean(r.get("first_answer_token_s") for r in records),
-        "mean_oracle_speedup": oracle,
-        "oracle_fraction": realized,
-        "exact_match_rate": _rate(r.get("exact_match") for r in records),
-        "pass_rate": _rate(scored),
-        "n_scored": len(scored),
-        "pass_rate_at_eos": _rate(scored_at_eos),
-        "n_scored_at_eos": len(scored_at_eos),
-        "mean_forced_past_eos": _mean(r.get("forced_past_eos") for r in records),
-        "loops": sum(1 for r in records if r.get("loop") is True),
-        # Natural lengths: a model may end (EOS) while still thinking, so there is no answer to
-        # draft or verify and no first answer token; such runs are counted, not hidden.
-        "no_answer": sum(1 for r in records if r.get("answer_tokens") == 0),
-    }
-
-
-def mode_order(modes: Iterable[str]) -> list[str]:
-    """Baseline first, then the CLI's order of modes, then any unknown ones alphabetically."""
-    known = {m: i for i, m in enumerate(ALL_MODES)}
-    return sorted(set(modes), key=lambda m: (m != BASELINE, known.get(m, len(known)), m))
-
-
-@dataclass
-class Group:
-    """Records of one model x benchmark x settings: the unit a table is drawn for."""
-
-    model: str
-    benchmark: str
-    settings: dict[str, Any]
-    records: list[Record] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """The `_group_key` its records share."""
-        return self.model, self.benchmark, _settings_key(self.settings)
-
-    @property
-    def label(self) -> str:
-        return f"{self.model} / {self.benchmark}"
-
-    @property
-    def title(self) -> str:
-        """The label plus the draft budget, which tells apart the tables of a budget sweep, the
-        dtype and a run's name (`bench --run-name`), which tell apart runs of the same knobs."""
-        budget = self.settings.get("draft_budget")
-        title = self.label if budget is None else f"{self.label}, draft budget {budget}"
-        dtype = self.settings.get("dtype")
-        title = title if dtype is None else f"{title}, {dtype}"
-        run_name = self.settings.get("run_name")
-        return title if not run_name else f"{title}, run {run_name}"
-
-    def by_mode(self, exclude: set[str] = frozenset()) -> dict[str, list[Record]]:
-        out: dict[str, list[Record]] = defaultdict(list)
-        for rec in self.records:
-            if rec["sample_id"] not in exclude:
-                out[rec["mode"]].append(rec)
-        return {m: out[m] for m in mode_order(out)}
-
-    def by_sample(self) -> dict[str, list[Record]]:
-        out: dict[str, list[Record]] = defaultdict(list)
-        for rec in self.records:
-            out[rec["sample_id"]].append(rec)
-        return dict(out)
-
-    def baseline_count(self) -> int:
-        """Samples with a baseline record: the n that loop and no-answer shares are taken of."""
-        return len({r["sample_id"] for r in self.records if r["mode"] == BASELINE})
-
-    def baseline_loop_samples(self) -> list[str]:
-        return sorted({r["sample_id"] for r in self.records if r["mode"] == BASELINE and r.get("loop") is True})
-
-    def table(self, exclude: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
-        modes = self.by_mode(exclude)
-        baseline = {r["sample_id"]: r for r in modes.get(BASELINE, [])}
-        return {mode: mode_stats(recs, baseline) for mode, recs in modes.items()}
-
-    def meta(self) -> dict[str, list[Any]]:
-        """Distinct device, dtype, date, versions and commands, in first-seen order."""
-        out: dict[str, list[Any]] = {}
-        for key in ("device", "dtype", "date", "versions", "command"):
-            seen: list[Any] = []
-            for rec in self.records:
-                value = rec.get(key)
-                if value is not None and value not in seen:
-                    seen.append(value)
-            out[key] = seen
-        return out
-
-
-def _group_key(rec: Record) -> tuple[str, str, str]:
-    """(model, benchmark, settings key): the unit a table is drawn for (`Group`)."""
-    return model_label(rec), str(rec.get("benchmark") or "unknown"), _settings_key(_run_settings(rec))
-
-
-def group_records(records: list[Record]) -> list[Group]:
-    groups: dict[tuple, Group] = {}
-    for rec in records:
-        key = _group_key(rec)
-        if key not in groups:
-            groups[key] = Group(key[0], key[1], _run_settings(rec))
-        groups[key].records.append(rec)
-    return sorted(groups.values(), key=lambda g: g.key)
-
-
-def budget_families(groups: list[Group]) -> list[list[Group]]:
-    """Groups that differ only in the draft budget (and interval): one speedup-vs-budget plot each."""
-    families: dict[tuple, list[Group]] = defaultdict(list)
-    for g in groups:
-        families[(g.model, g.benchmark, _settings_key(g.settings, drop=BUDGET_KEYS))].append(g)
-    return list(families.values())
-
-
-# ---------------------------------------------------------------- markdown
 
 
 def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -518,13 +280,10 @@ def _exclusion_sentence(group: Group, excluded: list[str]) -> str:
     )
 
 
-# ---------------------------------------------------------------- build
-
-
 def _skipped_by_group(skipped: list[Record]) -> dict[tuple, list[Record]]:
     out: dict[tuple, list[Record]] = defaultdict(list)
     for rec in skipped:
-        out[_group_key(rec)].append(rec)
+        out[group_key(rec)].append(rec)
     return dict(out)
 
 
@@ -560,49 +319,6 @@ def _remove_previous_plots(out_dir: Path) -> None:
     for path in out_dir.glob("*.png"):
         if _PLOT_NAME.fullmatch(path.name):
             path.unlink()
-
-
-def divergence_summary(group: Group) -> dict[str, dict[str, Any]]:
-    """Per mode: how many records left their baseline's tokens, in which phase, and the forward
-    shapes (batch rows x tokens, key length left out) that chose the first differing token in the
-    mode and in the baseline.
-
-    Why: in bf16 a lossless mode leaves the baseline where a near-tie comes out differently; the
-    shapes at the divergences say whether a forward of another shape chose the token (on a CPU it
-    usually did) or one of the baseline's own shape (on the H200 often: there the runs differ in
-    state, `scripts/gpu_logit_trace.py`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for mode in sorted({r["mode"] for r in group.records} - {BASELINE}):
-        recs = [r for r in group.records if r["mode"] == mode and "first_divergence" in r]
-        left = [r for r in recs if r.get("first_divergence") is not None]
-        if not left:
-            continue
-        pairs = Counter(
-            (str(r.get("first_divergence_shape", "?")).split("/")[0], str(r.get("baseline_shape_at_divergence", "?")).split("/")[0])
-            for r in left)
-        out[mode] = {
-            "compared": len(recs), "left_baseline": len(left),
-            "in_cot": sum(r.get("first_divergence_phase") == "cot" for r in left),
-            "in_answer": sum(r.get("first_divergence_phase") == "answer" for r in left),
-            "shapes": [{"mode_shape": m, "baseline_shape": b, "count": n} for (m, b), n in pairs.most_common()],
-        }
-    return out
-
-
-def exactness_by_source(group: Group) -> dict[str, dict[str, tuple[int, int]]]:
-    """Per package source hash (`versions.selfspec_source`; "before hashes" for older records),
-    per mode: (records equal to their baseline, records compared).
-
-    Why: benchmark files resume across code changes, so one table can mix engines; an exact-match
-    rate is only evidence about the code that produced it."""
-    out: dict[str, dict[str, tuple[int, int]]] = {}
-    for r in group.records:
-        if r["mode"] == BASELINE or r.get("exact_match") is None:
-            continue
-        source = (r.get("versions") or {}).get("selfspec_source") or "before hashes"
-        exact, n = out.setdefault(source, {}).get(r["mode"], (0, 0))
-        out[source][r["mode"]] = (exact + bool(r["exact_match"]), n + 1)
-    return out
 
 
 def _exactness_by_source_lines(by_source: dict[str, dict[str, tuple[int, int]]]) -> list[str]:
@@ -708,14 +424,14 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
             continue
         model, benchmark, _ = key
         md += [f"## {model} / {benchmark}: no sample fits", "", _skipped_sentence(entries), ""]
-        summary["groups"].append({"model": model, "benchmark": benchmark, "settings": _run_settings(entries[0]),
+        summary["groups"].append({"model": model, "benchmark": benchmark, "settings": run_settings(entries[0]),
                                   "n_samples": 0, "skipped": [r["sample_id"] for r in entries]})
 
     md += ["## Speedup against draft budget", ""]
     summary["budget_plots"] = []
     for family in budget_families(groups):
         head = family[0]
-        stem = _plot_stem(head.model, head.benchmark, _settings_key(head.settings, drop=BUDGET_KEYS))
+        stem = _plot_stem(head.model, head.benchmark, settings_key(head.settings, drop=BUDGET_KEYS))
         png = plots.plot_speedup_vs_budget(head.label, _budget_series(family), _budget_series(family, no_loops=True),
                                            out_dir / f"budget_{stem}.png")
         budgets = sorted({g.settings.get("draft_budget") for g in family}, key=lambda b: (b is None, b or 0))
@@ -751,40 +467,6 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
     return report_path
 
 
-TIMING_OUTLIER_RATIO = 1.25
-
-
-def timing_check(group: Group) -> dict[str, Any]:
-    """Time per forward of each mode in each batch of samples (the samples that shared the
-    engine's batch, in the order they ran), and the cells that stand out.
-
-    Why: the paired speedup assumes every mode of a sample ran under the same conditions. A
-    first timed run that pays for compilations (seen on the H200: a baseline at 1.6x the
-    per-forward time of later batches) makes every other mode of that batch look fast. A
-    cell slower than `TIMING_OUTLIER_RATIO` x its mode's median over batches is flagged.
-    """
-    concurrency = max(1, int(group.settings.get("concurrency") or 1))
-    order = list(dict.fromkeys(r["sample_id"] for r in group.records if r["mode"] == BASELINE))
-    batch_of = {sid: i // concurrency for i, sid in enumerate(order)}
-    cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for rec in group.records:
-        ms = _ms_per_forward(rec)
-        if rec["sample_id"] in batch_of and ms is not None:
-            cells[rec["mode"]][batch_of[rec["sample_id"]]].append(ms)
-    table: dict[str, dict[int, float]] = {
-        mode: {b: statistics.median(v) for b, v in sorted(per_batch.items())} for mode, per_batch in cells.items()
-    }
-    flagged = []
-    for mode, per_batch in table.items():
-        if len(per_batch) < 2:
-            continue
-        typical = statistics.median(per_batch.values())
-        for batch, ms in per_batch.items():
-            if ms > TIMING_OUTLIER_RATIO * typical:
-                flagged.append({"mode": mode, "batch": batch, "ms_per_forward": ms, "median_ms": typical})
-    return {"concurrency": concurrency, "ms_per_forward": table, "flagged": flagged}
-
-
 def _timing_lines(check: dict[str, Any]) -> list[str]:
     if not check["flagged"]:
         return []
@@ -795,27 +477,6 @@ def _timing_lines(check: dict[str, Any]) -> list[str]:
                      f"{(f['batch'] + 1) * check['concurrency'] - 1} in run order): {f['ms_per_forward']:.2f} ms per forward "
                      f"vs median {f['median_ms']:.2f}")
     return lines + [""]
-
-
-def position_check(group: Group, warmed: bool | None = None) -> dict[str, dict[int, dict[str, float]]]:
-    """Median time per forward of each mode at each place in its sample's run order.
-
-    Why: session 10 found the baseline, then always first, ~9% slower per forward than the same
-    steps run later (H200, half-second requests), which flattered every other mode. The runner
-    now rotates every mode through every place and records `run_position`; this table shows
-    whether a place still costs something (a mode slower in one place than in the others).
-    Empty for records written before `run_position` existed. `warmed`: only records whose
-    sample had (True) or had not (False) short untimed runs before its timed ones.
-    """
-    cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for rec in group.records:
-        if warmed is not None and bool(rec.get("group_warm_up")) != warmed:
-            continue
-        position, ms = rec.get("run_position"), _ms_per_forward(rec)
-        if position and ms is not None:
-            cells[rec["mode"]][int(position)].append(ms)
-    return {mode: {pos: {"n": len(v), "median_ms_per_forward": statistics.median(v)} for pos, v in sorted(per.items())}
-            for mode, per in cells.items()}
 
 
 def _position_tables(group: Group, everything: dict[str, dict[int, dict[str, float]]]) -> list[str]:
@@ -844,55 +505,6 @@ def _position_lines(check: dict[str, dict[int, dict[str, float]]], label: str = 
     return lines + [""]
 
 
-SHARING_CONDITIONS = ("alone", "shared", "not recorded")
-
-
-def _sample_sharing(records: list[Record]) -> str:
-    """A sample's condition from its records' `gpu_co_tenants`: shared if any record saw
-    another process on the GPU, alone if every record saw none, else not recorded."""
-    seen = [r.get("gpu_co_tenants") for r in records]
-    if any(n for n in seen if n is not None):
-        return "shared"
-    if seen and all(n == 0 for n in seen):
-        return "alone"
-    return "not recorded"
-
-
-def sample_sharing(group: Group) -> dict[str, str]:
-    """Each sample's condition: alone, shared or not recorded (`_sample_sharing`)."""
-    return {sid: _sample_sharing(recs) for sid, recs in group.by_sample().items()}
-
-
-def sharing_check(group: Group) -> dict[str, Any]:
-    """Per-mode time per forward and paired speedup of samples that ran alone on their GPU,
-    beside those that shared it with other processes (and those that did not record it).
-
-    Why: session 13 had one GPU and ran two queues on it; every forward took 1.7-2.1x as long
-    as session 12's on a GPU of its own, so a table that mixes both holds mean latencies of two
-    conditions. Every mode of a sample runs in one process back to back, yet sharing still moves
-    paired speedups: it slows one-token forwards more than verify forwards, so the speculative
-    modes read faster shared (session 14, the same 8 samples: prompt lookup 4.30x shared, 3.61x
-    alone). Empty unless some record says it shared the GPU."""
-    condition = sample_sharing(group)
-    if "shared" not in condition.values():
-        return {}
-    baseline = {r["sample_id"]: r for r in group.records if r["mode"] == BASELINE}
-    cells: dict[str, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
-    for rec in group.records:
-        cells[rec["mode"]][condition[rec["sample_id"]]].append(rec)
-
-    def cell(recs: list[Record]) -> dict[str, Any]:
-        ms = [m for m in map(_ms_per_forward, recs) if m is not None]
-        speedups = [base / lat for r in recs
-                    if (base := _latency(baseline.get(r["sample_id"]))) and (lat := _latency(r))]
-        return {"n": len(recs), "median_ms_per_forward": statistics.median(ms) if ms else None,
-                "mean_speedup": statistics.fmean(speedups) if speedups else None}
-
-    table = {mode: {cond: cell(recs) for cond, recs in per.items()} for mode, per in cells.items()}
-    counts = {cond: sum(1 for c in condition.values() if c == cond) for cond in SHARING_CONDITIONS}
-    return {"samples": {c: n for c, n in counts.items() if n}, "modes": table}
-
-
 def _sharing_lines(check: dict[str, Any]) -> list[str]:
     if not check:
         return []
@@ -914,86 +526,6 @@ def _sharing_lines(check: dict[str, Any]) -> list[str]:
                                             f"{_fmt(cell['mean_speedup'], '.3f', 'x')} ({cell['n']})")
         lines.append(f"| {mode} | " + " | ".join(row) + " |")
     return lines + [""]
-
-
-def concurrency_checks(groups: list[Group]) -> list[dict[str, Any]]:
-    """Pairs of runs that differ only in `concurrency` (1 vs N): per-mode speedups on their common samples."""
-    by_key: dict[tuple, dict[int, Group]] = defaultdict(dict)
-    for g in groups:
-        key = (g.model, g.benchmark, _settings_key(g.settings, drop=("concurrency",)))
-        by_key[key][int(g.settings.get("concurrency", 1))] = g
-    checks = []
-    for runs in by_key.values():
-        single = runs.get(1)
-        for level, batched in sorted(runs.items()):
-            if level == 1 or single is None:
-                continue
-            common = {r["sample_id"] for r in single.records} & {r["sample_id"] for r in batched.records}
-            if not common:
-                continue
-            modes: dict[str, dict[str, Any]] = {}
-            for mode in mode_order(r["mode"] for r in batched.records):
-                if mode == BASELINE:
-                    continue
-                row = {}
-                for name, group in (("single", single), ("batched", batched)):
-                    base = {r["sample_id"]: r for r in group.records if r["mode"] == BASELINE and r["sample_id"] in common}
-                    recs = [r for r in group.records if r["mode"] == mode and r["sample_id"] in common]
-                    row[name] = mode_stats(recs, base)["speedup"] if recs else None
-                row["difference"] = None if None in (row["single"], row["batched"]) else row["batched"] - row["single"]
-                modes[mode] = row
-            checks.append({"label": single.label, "concurrency": level, "n_common": len(common), "modes": modes})
-    return checks
-
-
-def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
-    """Named runs (`--run-name`) beside the unnamed run of the same settings, on their common
-    samples: per mode, median ms per forward and mean paired speedup in each run, and how many
-    samples gave the same output tokens both times.
-
-    Why: a named run that reruns samples of a committed one under another condition (session
-    14's `alone-check`: samples session 13 ran on a shared GPU, again with the GPU to itself)
-    answers a question the sharing table cannot — the same samples, so any difference is the
-    condition's or noise, not the samples'. Runs that share no sample are left out."""
-    by_key: dict[tuple, dict[str | None, Group]] = defaultdict(dict)
-    for g in groups:
-        by_key[(g.model, g.benchmark, _settings_key(g.settings, drop=("run_name",)))][g.settings.get("run_name")] = g
-    checks = []
-    for runs in by_key.values():
-        reference = runs.get(None)
-        for name, named in sorted((k, v) for k, v in runs.items() if k is not None):
-            if reference is None:
-                continue
-            common = {r["sample_id"] for r in reference.records} & {r["sample_id"] for r in named.records}
-            if not common:
-                continue
-            sides = {"reference": reference, "named": named}
-            recs = {side: {(r["sample_id"], r["mode"]): r for r in g.records if r["sample_id"] in common}
-                    for side, g in sides.items()}
-            modes: dict[str, dict[str, Any]] = {}
-            shared_modes = {m for (_, m) in recs["reference"]} & {m for (_, m) in recs["named"]}
-            for mode in mode_order(shared_modes):
-                row: dict[str, Any] = {}
-                for side in sides:
-                    mine = [r for (sid, m), r in recs[side].items() if m == mode]
-                    base = {sid: r for (sid, m), r in recs[side].items() if m == BASELINE}
-                    ms = [m for m in map(_ms_per_forward, mine) if m is not None]
-                    row[side] = {"n": len(mine), "median_ms_per_forward": statistics.median(ms) if ms else None,
-                                 "speedup": None if mode == BASELINE else mode_stats(mine, base)["speedup"]}
-                pairs = [(recs["reference"][(sid, mode)], recs["named"][(sid, mode)]) for sid in sorted(common)
-                         if (sid, mode) in recs["reference"] and (sid, mode) in recs["named"]]
-                row["same_tokens"] = sum(1 for a, b in pairs if a.get("output_hash") and a.get("output_hash") == b.get("output_hash"))
-                row["compared"] = len(pairs)
-                modes[mode] = row
-            sharing = {}
-            for side, by_pair in recs.items():
-                per_sample: dict[str, list[Record]] = defaultdict(list)
-                for (sid, _), r in by_pair.items():
-                    per_sample[sid].append(r)
-                sharing[side] = dict(Counter(_sample_sharing(rs) for rs in per_sample.values()))
-            checks.append({"label": reference.label, "run_name": name, "n_common": len(common), "modes": modes,
-                           "sharing": sharing})
-    return checks
 
 
 def _rerun_lines(checks: list[dict[str, Any]]) -> list[str]:

@@ -618,7 +618,7 @@ def plot_convergence(results: dict[str, Any], path: str | Path) -> Path:
         if control.get(metric) is not None:
             axis.axhline(100 * control[metric], color="black", linestyle="--", linewidth=1, label="control: unrelated answer")
     axes[1].legend(fontsize=8, loc="lower right")
-    from selfspec.bench.report import model_label  # a device run's /tmp/out/... path by its last component
+    from selfspec.bench.records import model_label  # a device run's /tmp/out/... path by its last component
 
     fig.suptitle(f"Convergence of drafts with the final answer: {model_label(results)}", fontsize=11)
     fig.tight_layout()
