@@ -20,10 +20,7 @@ from selfspec.bench.modes import ALL_MODES
 
 Record = dict[str, Any]
 
-
 BASELINE = "baseline"
-
-
 # Settings that vary along the draft-budget sweep; the rest must match to share a plot.
 BUDGET_KEYS = ("draft_budget", "draft_interval")
 

@@ -53,15 +53,9 @@ PAPER_LATENCY_REDUCTION_PCT: dict[str, dict[str, float]] = {
     "HumanEval": {"Qwen3.5-4B": 2.9, "Gemma-4-E4B": 14.6},
     "LongProc-2K": {"Qwen3.5-4B": 9.1, "Gemma-4-E4B": 7.1},
 }
-
-
 PAPER_MODELS = ("Qwen3.5-4B", "Gemma-4-E4B")
-
-
 # The paper's ablation on Gemma-4-E4B / ClassEval, as speedups.
 PAPER_ABLATION_SPEEDUP: dict[str, float] = {"prefix": 1.086, "suffix": 1.318, "prefix+suffix": 1.318}
-
-
 _PAPER_ROW_FOR_BENCHMARK = {"classeval": "ClassEval", "humaneval": "HumanEval", "longproc": "LongProc-2K"}
 
 
