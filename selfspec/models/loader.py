@@ -233,7 +233,10 @@ def convert_gguf(gguf_path: Path, target: Path, *, fingerprint: str) -> Path:
         try:
             model.save_pretrained(partial, safe_serialization=True)
             if problems:
-                logger.warning("%s", defect_message(str(gguf_path), problems))
+                # A warning, not an error: a load given a working tokenizer (`--tokenizer`) goes on
+                # with that one; a load without one stops at `_converted_tokenizer`'s check.
+                logger.warning("the conversion saves no tokenizer (a load given --tokenizer uses that one): %s",
+                               defect_message(str(gguf_path), problems))
             else:
                 tokenizer.save_pretrained(partial)
             record = {
