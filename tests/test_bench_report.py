@@ -132,13 +132,15 @@ def test_markdown_rows_paper_numbers_metadata_and_plots(report):
 def test_rerun_removes_plots_of_groups_no_longer_reported(tmp_path: Path):
     out = tmp_path / "rep"
     out.mkdir()
-    stale = out / "latency_07_gone_model_humaneval.png"
+    stale = out / "latency_07_gone_model_humaneval.png"  # named by place, as reports before session 16
     stale.write_bytes(PNG_MAGIC)
+    stale_hashed = out / "budget_gone_model_humaneval_0123abcd.png"
+    stale_hashed.write_bytes(PNG_MAGIC)
     keep = out / "notes.png"  # not a name the report writes: left alone
     keep.write_bytes(PNG_MAGIC)
     records = [_rec("s0", "baseline", 2.0, oracle_speedup=1.5), _rec("s0", "prefix", 1.0, oracle_speedup=1.5)]
     text = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
-    assert not stale.exists() and keep.exists()
+    assert not stale.exists() and not stale_hashed.exists() and keep.exists()
     assert all(f"]({p.name})" in text for p in out.glob("latency_*.png"))
 
 
