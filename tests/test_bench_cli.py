@@ -88,6 +88,36 @@ def test_unknown_mode_exits_with_code_2(tmp_path: Path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["-b", "nosuch"], "unknown benchmark"),
+        (["-b", "humaneval", "--path", "{tmp}/missing.jsonl"], "not found"),
+        (["-b", "classeval", "--path", "{tmp}/not_json.json"], "benchmark classeval"),
+        (["-b", "humaneval", "--offset", "100000", "--limit", "2"], "selects no sample"),
+        (["--limit", "0"], "--limit"),
+        (["--offset", "-1"], "--offset"),
+        (["--max-draft", "0"], "--max-draft"),
+        (["--cot-cap", "-5"], "--cot-cap"),
+        (["--suffix-depth", "1"], "--suffix-depth"),
+        (["--suffix-factor", "-1"], "--suffix-factor"),
+        (["--draft-budget", "4,8", "--suffix-spec-tokens", "0"], "--suffix-spec-tokens"),
+    ],
+)
+def test_bad_input_is_a_clear_error_before_the_model_loads(tmp_path: Path, args: list[str], says: str):
+    """Each is exit 2 with a line naming what is wrong, no traceback, and no record written. The model
+    path does not exist: an error about it would mean the command got as far as loading the model
+    (before these checks, a bad --max-draft failed only after the first sample's baseline had run)."""
+    (tmp_path / "not_json.json").write_text("this is not JSON")
+    out = tmp_path / "r.jsonl"
+    argv = ["bench", *[a.format(tmp=tmp_path) for a in args], "--model", str(tmp_path / "no-model"), "--out", str(out)]
+    result = CliRunner().invoke(app, argv)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, (argv, text, result.exception)
+    assert says in text and "no-model" not in text and "Traceback" not in text, text
+    assert not out.exists()
+
+
 def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path):
     """--concurrency 2: both samples' requests of each mode share a batch; tokens are those of
     the one-at-a-time run, and the records are kept apart from it (concurrency is a setting)."""

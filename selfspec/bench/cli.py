@@ -6,7 +6,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -27,27 +27,27 @@ def bench(
     benchmark: str = typer.Option("humaneval", "--benchmark", "-b", help="humaneval | classeval | longproc | longproc/<task> | gsm8k | mbpp | math500 | thinker/<family> (held-out thinker tasks)."),
     model: str = typer.Option("smollm2", "--model", "-m", help="Model name, .gguf file or HF directory."),
     modes: str = typer.Option("baseline,prefix,suffix,prefix+suffix", help=f"Comma-separated modes: {', '.join(ALL_MODES)}."),
-    limit: Optional[int] = typer.Option(None, help="Number of samples (default: all)."),
-    offset: int = typer.Option(0, help="Skip this many samples first."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Number of samples (default: all)."),
+    offset: int = typer.Option(0, min=0, help="Skip this many samples first."),
     ids: Optional[str] = typer.Option(None, "--ids", help="Comma-separated sample ids to run (e.g. HumanEval/42,HumanEval/104), in the dataset's order; replaces --offset/--limit. Reruns the samples a diagnostic needs in one process."),
     path: Optional[str] = typer.Option(None, help="Dataset file (or LongProc data dir) of the upstream format."),
-    cot_cap: int = typer.Option(2000, help="CoT cap: thinking is closed by force at this many tokens."),
-    answer_cap: Optional[int] = typer.Option(None, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."),
+    cot_cap: int = typer.Option(2000, min=1, help="CoT cap: thinking is closed by force at this many tokens."),
+    answer_cap: Optional[int] = typer.Option(None, min=1, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."),
     draft_budget: str = typer.Option("500", help="CoT length at which the draft is forked. Comma-separated (e.g. 50,100,200,400) for a sweep: one run per budget on one loaded engine, each with its own baseline, so that the report plots speedup against draft budget."),
-    draft_interval: Optional[int] = typer.Option(None, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."),
-    max_draft: int = typer.Option(500, help="Maximum draft length (tokens)."),
+    draft_interval: Optional[int] = typer.Option(None, min=1, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."),
+    max_draft: int = typer.Option(500, min=1, help="Maximum draft length (tokens)."),
     natural: bool = typer.Option(False, "--natural/--fixed", help="Natural lengths (EOS and the model's end of thinking honoured) instead of the paper's fixed lengths."),
     suffix_depth: int = typer.Option(4, help="Suffix tree depth (caps match + proposal)."),
     suffix_spec_tokens: int = typer.Option(16, help="Max tokens a suffix proposal may hold."),
     suffix_factor: float = typer.Option(4.0, help="Suffix budget factor (tokens per matched token)."),
     suffix_sources: str = typer.Option("draft", help="Suffix sources for SSR modes: draft[,prompt,output,global]."),
-    suffix_backoff: int = typer.Option(16, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
+    suffix_backoff: int = typer.Option(16, min=0, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own (e.g. one saved where transformers builds a GGUF's tokenizer correctly)."),
     token_buckets: Optional[str] = typer.Option(None, "--token-buckets", help="Static forwards' tokens-per-row buckets, comma-separated (GPU default 1,2,4,8,16,32,64; given, a CPU engine buckets too). In bf16 kernels of different shapes round differently: e.g. 16,64 puts decode and every verify of <= 16 tokens in one shape."),
-    max_len: Optional[int] = typer.Option(None, "--max-len", help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
-    num_slots: int = typer.Option(4, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", min=1, help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
+    num_slots: int = typer.Option(4, min=1, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
     concurrency: int = typer.Option(1, min=1, help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time."),
     draft: Optional[str] = typer.Option(None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."),
     out: str = typer.Option("runs/bench.jsonl", help="JSONL file the records are appended to."),
@@ -84,20 +84,24 @@ def bench(
     budgets = _parse_budgets(draft_budget)
     family = benchmark.split("/")[0]
     cap = answer_cap or PAPER_ANSWER_CAPS.get(family, 1500)
-    settings = BenchSettings(
-        cot_cap=cot_cap,
-        answer_cap=cap,
-        draft_budget=budgets[0],
-        draft_interval=draft_interval,
-        max_draft_len=max_draft,
-        fixed_length=not natural,
-        suffix=SuffixOptions(max_depth=suffix_depth, max_spec_tokens=suffix_spec_tokens, spec_factor=suffix_factor),
-        suffix_sources=[s.strip() for s in suffix_sources.split(",") if s.strip()],
-        suffix_backoff_max=suffix_backoff,
-        seed=seed,
-        concurrency=concurrency,
-        run_name=run_name.strip() if run_name and run_name.strip() else None,
-    )
+    try:
+        settings = _checked_settings(
+            budgets, mode_list, BenchSettings,
+            cot_cap=cot_cap,
+            answer_cap=cap,
+            draft_interval=draft_interval,
+            max_draft_len=max_draft,
+            fixed_length=not natural,
+            suffix=SuffixOptions(max_depth=suffix_depth, max_spec_tokens=suffix_spec_tokens, spec_factor=suffix_factor),
+            suffix_sources=[s.strip() for s in suffix_sources.split(",") if s.strip()],
+            suffix_backoff_max=suffix_backoff,
+            seed=seed,
+            concurrency=concurrency,
+            run_name=run_name.strip() if run_name and run_name.strip() else None,
+        )
+    except ValueError as err:  # pydantic's ValidationError is a ValueError
+        console.print(f"[red]error:[/] invalid bench settings: {_settings_problem(err)}")
+        raise typer.Exit(2) from None
     if benchmark.startswith("thinker/") and data_version is None and path is None:
         from selfspec.models.registry import adapter_data_version
 
@@ -105,7 +109,7 @@ def bench(
     extra = {"data_version": data_version} if benchmark.startswith("thinker/") and data_version else {}
     if ids is not None:
         wanted = [i.strip() for i in ids.split(",") if i.strip()]
-        everything = load_benchmark(benchmark, path=path, **extra)
+        everything = _load_samples(load_benchmark, benchmark, path, extra)
         known = {s.id for s in everything}
         missing = [i for i in wanted if i not in known]
         if missing or not wanted:
@@ -114,7 +118,10 @@ def bench(
             raise typer.Exit(2)
         samples = [s for s in everything if s.id in set(wanted)]
     else:
-        samples = load_benchmark(benchmark, path=path, limit=limit, offset=offset, **extra)
+        samples = _load_samples(load_benchmark, benchmark, path, {**extra, "limit": limit, "offset": offset})
+        if not samples:
+            console.print(f"[red]error:[/] --offset {offset}{f' --limit {limit}' if limit else ''} selects no sample of {benchmark}")
+            raise typer.Exit(2)
     if "sps" in mode_list and draft is None:
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
@@ -179,6 +186,45 @@ def bench(
         record_skipped(Path(out), fit.skipped, llm.model_name, run_settings, run_meta)  # after run_bench: --fresh clears the file
         if check_exact:
             _print_exactness(mismatches(records), budget if len(budgets) > 1 else None)
+
+
+def _checked_settings(budgets: list[int], modes: list[str], make: Callable[..., Any], **knobs: Any) -> Any:
+    """The run's settings, with every mode's spec built once per budget (`check_settings`), so
+    that a bad knob stops the command here rather than after the first sample's baseline ran."""
+    from selfspec.bench.runner import check_settings
+
+    settings = make(draft_budget=budgets[0], **knobs)
+    for budget in budgets:
+        check_settings(modes, dataclasses.replace(settings, draft_budget=budget))
+    return settings
+
+
+# The options behind SuffixOptions' fields, so that an error names what the user typed.
+_SUFFIX_FLAGS = {"max_depth": "--suffix-depth", "max_spec_tokens": "--suffix-spec-tokens", "spec_factor": "--suffix-factor"}
+
+
+def _settings_problem(err: ValueError) -> str:
+    """One line per bad knob for pydantic's errors (`--suffix-depth: ...`), else the message."""
+    errors = getattr(err, "errors", None)
+    if not callable(errors):
+        return str(err)
+    parts = []
+    for e in errors():
+        field = ".".join(map(str, e.get("loc", ()))) or "value"
+        parts.append(f"{_SUFFIX_FLAGS.get(field, field)}: {e.get('msg')} (got {e.get('input')!r})")
+    return "; ".join(parts)
+
+
+def _load_samples(load: Callable[..., list[Any]], benchmark: str, path: str | None, opts: dict[str, Any]) -> list[Any]:
+    """The benchmark's samples, or a clear error (exit 2) for an unknown benchmark or a data file
+    that is missing or not of the upstream format: a user's own file should not end in a traceback."""
+    try:
+        return load(benchmark, path=path, **opts)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        where = f" ({path})" if path else ""
+        kind = "" if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__} "
+        console.print(f"[red]error:[/] benchmark {benchmark}{where}: {kind}{err}")
+        raise typer.Exit(2) from None
 
 
 def _parse_budgets(text: str) -> list[int]:

@@ -15,7 +15,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -47,6 +47,18 @@ def _limits(s: BenchSettings) -> ThinkingLimits:
 def _params(s: BenchSettings) -> SamplingParams:
     budget = s.cot_cap + s.answer_cap + 64
     return SamplingParams(max_tokens=budget, temperature=s.temperature, seed=s.seed, ignore_eos=s.fixed_length)
+
+
+def check_settings(modes: Sequence[str], s: BenchSettings) -> None:
+    """Build every object a run of `modes` under `s` will build, so that a bad knob (a negative
+    cap, a suffix depth of 0, a draft length below 1) fails here, before the model loads and
+    before any record is written, and not as a traceback after the baseline of the first
+    sample has run. Raises ValueError (pydantic's ValidationError is one) naming the knob."""
+    _limits(s)
+    _params(s)
+    for mode in modes:
+        if mode not in EXTERNAL_MODES:
+            spec_for(mode, s)
 
 
 def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) -> dict[str, Any]:
