@@ -34,3 +34,13 @@ def test_cli_default_model_is_the_demo_model():
     from selfspec.cli.main import demo
 
     assert inspect.signature(demo).parameters["model"].default.default == DEMO_MODEL
+
+
+def test_cli_wrong_model_is_one_line_and_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from selfspec.cli.main import app
+
+    result = CliRunner().invoke(app, ["demo", "--model", str(tmp_path / "no-model")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "does not exist" in " ".join(result.output.split()) and "Traceback" not in result.output

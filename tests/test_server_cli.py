@@ -52,12 +52,26 @@ def test_every_option_has_help(cli):
         (["--max-queue", "-1"], "max_queue"),
         (["--request-timeout", "0"], "request_timeout"),
         (["--ssr", "--draft-budget", "0"], "SSR"),
+        (["--port", "70000"], "--port"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--host", "no-such-host.invalid"], "--host"),
     ],
 )
 def test_bad_flags_exit_2_before_loading(cli, args, message):
     result = CliRunner().invoke(cli, ["serve", "--model", "no-such-model", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_a_busy_port_exits_2_before_loading(cli):
+    """A second server on a taken port: one line at once, not a model load and then uvicorn's exit 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--model", "no-such-model", "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output and "could not load" not in result.output
 
 
 def test_unknown_model_exits_2(cli):

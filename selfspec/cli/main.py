@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -115,7 +114,6 @@ def generate(
         _fail(str(exc))
     try:
         if stream:
-            start = time.perf_counter()
             printed = ""
             all_ids: list[int] = []
             seq = llm.submit(prompt, params, spec=spec, limits=limits, thinking=think)
@@ -128,7 +126,6 @@ def generate(
             sys.stdout.write("\n")
             result = llm.result(seq)
         else:
-            start = time.perf_counter()
             (result,) = llm.generate(prompt, params, spec=spec, limits=limits, thinking=think)
             console.print(result.text)
     except ValueError as exc:
@@ -148,9 +145,9 @@ def generate(
 def demo(
     model: str = typer.Option("smollm2-thinker-v4b", "--model", "-m", help="Model to run the demo on (default: SmolLM2-135M-Instruct + the v4b thinker adapter shipped here)."),
     prompt: Optional[str] = typer.Option(None, help="The user message (default: a held-out class-synthesis task of the thinker's generator)."),
-    cot_cap: int = typer.Option(1200, help="CoT cap."),
-    answer_cap: int = typer.Option(600, help="Continuation cap."),
-    draft_budget: int = typer.Option(300, help="CoT length at which the draft is forked."),
+    cot_cap: int = typer.Option(1200, min=1, help="CoT cap."),
+    answer_cap: int = typer.Option(600, min=1, help="Continuation cap."),
+    draft_budget: int = typer.Option(300, min=1, help="CoT length at which the draft is forked."),
 ) -> None:
     """Run the main job on the default model: the SSR demo when available, else plain generation."""
     try:
@@ -158,7 +155,14 @@ def demo(
     except ImportError:
         run_demo = None
     if run_demo is not None:
-        run_demo(model=model, prompt=prompt, console=console, cot_cap=cot_cap, answer_cap=answer_cap, draft_budget=draft_budget)
+        from selfspec.models import ModelNotFoundError
+        from selfspec.models.tokenizer_check import TokenizerDefectError
+
+        try:
+            run_demo(model=model, prompt=prompt, console=console, cot_cap=cot_cap, answer_cap=answer_cap, draft_budget=draft_budget)
+        except (ModelNotFoundError, TokenizerDefectError) as exc:  # a wrong --model: one line, not a traceback
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
         return
     generate(prompt=prompt or "Write is_prime(n) in Python.", model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
              think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True, ssr=False,

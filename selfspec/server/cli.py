@@ -146,15 +146,42 @@ def build_defaults(
     )
 
 
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def check_listen_address(host: str, port: int, log_level: str) -> None:
+    """Raise ValueError unless the server could listen on host:port and uvicorn knows the log level.
+
+    Why before the model loads: uvicorn finds a busy port or a bad level only when it starts,
+    after the model has loaded (seconds for a GGUF, more on a GPU), and answers a busy port with a
+    log line and exit 1. Binding a probe socket here has a race with other processes, but turns
+    the common mistake (a second server on the same port) into one clear line at once."""
+    import socket
+
+    if log_level.lower() not in _LOG_LEVELS:
+        raise ValueError(f"--log-level {log_level!r}: choose from {', '.join(_LOG_LEVELS)}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r}: not an address this machine can resolve ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve_command(
     model: str = typer.Option("smollm2", "--model", "-m", help="Packaged name (smollm2, gemma3-270m), a .gguf file, a local HF directory, or 'tiny' (random test model)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind. Keep 127.0.0.1 unless the server must be reachable from other machines."),
-    port: int = typer.Option(8000, help="TCP port to listen on."),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port to listen on (0: any free one)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."),
-    num_slots: int = typer.Option(8, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."),
-    max_len: Optional[int] = typer.Option(None, help="Context length per slot in tokens (default: the model's, at most 4096)."),
+    num_slots: int = typer.Option(8, min=1, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."),
+    max_len: Optional[int] = typer.Option(None, min=1, help="Context length per slot in tokens (default: the model's, at most 4096)."),
     max_queue: int = typer.Option(64, help="Requests that may wait for a slot; beyond that, 429 with Retry-After."),
     request_timeout: float = typer.Option(600.0, help="Seconds after which a request is cancelled (a request may ask for less)."),
     api_key: Optional[str] = typer.Option(None, envvar="SELFSPEC_API_KEY", help="Require 'Authorization: Bearer <key>' on /v1 endpoints (also read from SELFSPEC_API_KEY)."),
@@ -206,6 +233,7 @@ def serve_command(
             api_key=api_key,
             defaults=defaults,
         )
+        check_listen_address(host, port, log_level)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
