@@ -489,3 +489,12 @@ def test_convergence_plot_names_a_device_run_by_its_adapter(tmp_path, monkeypatc
     monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda self, t, **kw: titles.append(t) or original(self, t, **kw))
     path = plot_convergence(results, tmp_path / "c.png")
     assert path.read_bytes().startswith(b"\x89PNG") and titles == ["Convergence of drafts with the final answer: smollm2-thinker-v4b"]
+
+
+@pytest.mark.parametrize("command", [["train", "--base"], ["eval", "--model"]])
+def test_a_wrong_model_is_one_line_and_exit_2(tmp_path: Path, command: list[str]):
+    args = [*command, str(tmp_path / "no-model"), "--out" if command[0] == "train" else "--out-dir", str(tmp_path / "out"),
+            "--items-per-family", "1", "--no-progress"]
+    result = CliRunner().invoke(thinker_app, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "does not exist" in " ".join(result.output.split()) and "Traceback" not in result.output

@@ -112,6 +112,7 @@ def train(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """LoRA-train a thinker on generated traces and write the adapter + TRAINING.md."""
+    from selfspec.models import ModelNotFoundError, TokenizerDefectError
     from selfspec.thinker.train import LoraSpec, TrainConfig, adapter_size_bytes, save_adapter, train_thinker
 
     device, dtype = auto_device_and_dtype(device, dtype)
@@ -137,7 +138,10 @@ def train(
     )
     command = _command_line(ctx)
     typer.echo(f"$ {command}")
-    peft_model, result = train_thinker(config, progress=progress, log=typer.echo)
+    try:
+        peft_model, result = train_thinker(config, progress=progress, log=typer.echo)
+    except (ModelNotFoundError, TokenizerDefectError) as error:  # a wrong --base: one line, not a traceback
+        fail(str(error))
     target = save_adapter(peft_model, out, config, result, description=description, command=command)
     (target / "TRAINING.md").write_text(training_markdown(config, result, command, adapter_size_bytes(target)))
     typer.echo(f"adapter written to {target} ({adapter_size_bytes(target) / 1e6:.1f} MB) in {result.seconds:.0f}s")
@@ -149,7 +153,7 @@ def training_markdown(config: Any, result: Any, command: str, size_bytes: int) -
     last = result.loss_log[-1] if result.loss_log else None
     knob_lines = [f"  - `{family}`: `{json.dumps(dict(knobs), sort_keys=True)}`" for family, knobs in config.data.describe()["knobs"].items()]
     lines = [
-        f"# Training of this adapter",
+        "# Training of this adapter",
         "",
         "Command (from the repository root):",
         "",
@@ -240,6 +244,7 @@ def eval_command(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Evaluate a thinker on held-out items: accuracy, self-stopping, loops, convergence curve."""
+    from selfspec.models import ModelNotFoundError, TokenizerDefectError
     from selfspec.thinker.evaluate import EvalConfig, convergence_table, run_eval, write_outputs
 
     note_text = notes.read_text() if notes is not None else None
@@ -279,7 +284,10 @@ def eval_command(
     engine_config = EngineConfig(
         num_slots=num_slots, max_len=max_len, prefill_chunk=prefill_chunk, max_prefill_tokens_per_step=max_prefill_tokens
     )
-    llm = LLM(model=model, device=device, dtype=dtype, engine_config=engine_config)
+    try:
+        llm = LLM(model=model, device=device, dtype=dtype, engine_config=engine_config)
+    except (ModelNotFoundError, TokenizerDefectError) as error:
+        fail(str(error))
     typer.echo(f"loaded {model} in {time.perf_counter() - started:.1f}s")
     results = run_eval(llm, config, progress=progress, log=typer.echo)
     results["command"] = _command_line(ctx)
