@@ -62,7 +62,6 @@ def bench(
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
     if ctx.invoked_subcommand is not None:
         return
-    from selfspec.bench.datasets import load_benchmark
     from selfspec.bench.runner import ResumeMismatchError, mismatches, record_skipped, run_bench
     from selfspec.run_info import device_name, library_versions
     from selfspec.engine.fusion import inductor_modes
@@ -86,7 +85,7 @@ def bench(
     cap = answer_cap or PAPER_ANSWER_CAPS.get(family, 1500)
     try:
         settings = _checked_settings(
-            budgets, mode_list, BenchSettings,
+            budgets, mode_list,
             cot_cap=cot_cap,
             answer_cap=cap,
             draft_interval=draft_interval,
@@ -109,7 +108,7 @@ def bench(
     extra = {"data_version": data_version} if benchmark.startswith("thinker/") and data_version else {}
     if ids is not None:
         wanted = [i.strip() for i in ids.split(",") if i.strip()]
-        everything = _load_samples(load_benchmark, benchmark, path, extra)
+        everything = _load_samples(benchmark, path, extra)
         known = {s.id for s in everything}
         missing = [i for i in wanted if i not in known]
         if missing or not wanted:
@@ -118,7 +117,7 @@ def bench(
             raise typer.Exit(2)
         samples = [s for s in everything if s.id in set(wanted)]
     else:
-        samples = _load_samples(load_benchmark, benchmark, path, {**extra, "limit": limit, "offset": offset})
+        samples = _load_samples(benchmark, path, {**extra, "limit": limit, "offset": offset})
         if not samples:
             console.print(f"[red]error:[/] --offset {offset}{f' --limit {limit}' if limit else ''} selects no sample of {benchmark}")
             raise typer.Exit(2)
@@ -188,12 +187,12 @@ def bench(
             _print_exactness(mismatches(records), budget if len(budgets) > 1 else None)
 
 
-def _checked_settings(budgets: list[int], modes: list[str], make: Callable[..., Any], **knobs: Any) -> Any:
+def _checked_settings(budgets: list[int], modes: list[str], **knobs: Any) -> BenchSettings:
     """The run's settings, with every mode's spec built once per budget (`check_settings`), so
     that a bad knob stops the command here rather than after the first sample's baseline ran."""
     from selfspec.bench.runner import check_settings
 
-    settings = make(draft_budget=budgets[0], **knobs)
+    settings = BenchSettings(draft_budget=budgets[0], **knobs)
     for budget in budgets:
         check_settings(modes, dataclasses.replace(settings, draft_budget=budget))
     return settings
@@ -215,11 +214,13 @@ def _settings_problem(err: ValueError) -> str:
     return "; ".join(parts)
 
 
-def _load_samples(load: Callable[..., list[Any]], benchmark: str, path: str | None, opts: dict[str, Any]) -> list[Any]:
+def _load_samples(benchmark: str, path: str | None, opts: dict[str, Any]) -> list[Any]:
     """The benchmark's samples, or a clear error (exit 2) for an unknown benchmark or a data file
     that is missing or not of the upstream format: a user's own file should not end in a traceback."""
+    from selfspec.bench.datasets import load_benchmark
+
     try:
-        return load(benchmark, path=path, **opts)
+        return load_benchmark(benchmark, path=path, **opts)
     except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
         where = f" ({path})" if path else ""
         kind = "" if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__} "

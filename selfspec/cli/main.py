@@ -155,8 +155,7 @@ def demo(
     except ImportError:
         run_demo = None
     if run_demo is not None:
-        from selfspec.models import ModelNotFoundError
-        from selfspec.models.tokenizer_check import TokenizerDefectError
+        from selfspec.models import ModelNotFoundError, TokenizerDefectError
 
         try:
             run_demo(model=model, prompt=prompt, console=console, cot_cap=cot_cap, answer_cap=answer_cap, draft_budget=draft_budget)
