@@ -4,7 +4,7 @@ Why: transformers 5.17 (the GPU machine's version) builds Gemma-3's tokenizer fr
 GGUF file wrongly: "Complete the following Python function" becomes `Com|ple|te|▁t|he|…`
 (2.3 characters a token instead of 6) and no `<bos>` is added although the GGUF asks for
 one. transformers 5.24 builds it right. The model still answers, only worse, so nothing
-failed: sessions 5–14 ran every Gemma-3-270M benchmark on the GPU with that tokenizer
+failed: sessions 8–14 ran every Gemma-3-270M benchmark on the GPU with that tokenizer
 before a 784,823-character page counted as 784,840 prompt tokens there (63,446 here).
 
 Two checks, both cheap (one encode of a short English paragraph):
