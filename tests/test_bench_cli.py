@@ -247,6 +247,32 @@ def test_a_named_run_does_not_resume_from_an_unnamed_one(bench_run, tmp_path):
     assert len(shared.read_text().splitlines()) == len(out.read_text().splitlines()) + 1
 
 
+def test_a_larger_limit_resumes_the_same_file_where_it_stopped(bench_run, tmp_path):
+    """A queue line whose `--limit` grew (session 17's ablation ran 0-49 and was cut off at 28; the next
+    session's line asks for 0-99 in the same file) reruns nothing that is recorded, adds the new samples,
+    and gives them the place in the mode order a single run of the larger limit would have given them."""
+    _, _, root = bench_run
+    out = tmp_path / "grow.jsonl"
+    args = ["bench", "-b", "humaneval", "--model", str(root / "m"), "--modes", "baseline,prefix+suffix", *LIMITS,
+            "--out", str(out)]
+    first = CliRunner().invoke(app, args + ["--limit", "1"])
+    assert first.exit_code == 0, first.output
+    before = out.read_text()
+    grown = CliRunner().invoke(app, args + ["--limit", "2"])
+    assert grown.exit_code == 0, grown.output
+    assert out.read_text().startswith(before)  # the recorded sample is neither rerun nor rewritten
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["sample_id"], r["mode"]) for r in records] == [
+        ("HumanEval/0", "baseline"), ("HumanEval/0", "prefix+suffix"),
+        ("HumanEval/1", "baseline"), ("HumanEval/1", "prefix+suffix"),
+    ]
+    places = {(r["sample_id"], r["mode"]): r["run_position"] for r in records}
+    # The order rotates by the sample's index in the selection, not by how many were left to run.
+    assert places == {("HumanEval/0", "baseline"): 1, ("HumanEval/0", "prefix+suffix"): 2,
+                      ("HumanEval/1", "prefix+suffix"): 1, ("HumanEval/1", "baseline"): 2}
+    assert all(r["exact_match"] is True for r in records if r["mode"] != "baseline")
+
+
 def test_compiled_graph_count_sees_a_compilation():
     """Records carry `compiled_graphs` (torch.compile graphs built during the timed run): the counter
     it reads must move when something compiles."""

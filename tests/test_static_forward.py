@@ -83,7 +83,6 @@ def test_batch_crossing_key_buckets_matches_generate(model):
 
 def test_verification_chunks_in_token_buckets_match_generate(model):
     """Proposals of 1..7 tokens are verified in token buckets 2..8, padded on the left."""
-    from selfspec.policies.speculative import SpeculationConfig  # noqa: F401  (import check)
     from selfspec.spec.proposal import Proposal
 
     (prompt,) = prompts([9], seed=4)

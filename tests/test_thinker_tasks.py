@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from selfspec.thinker import tasks
 from selfspec.thinker.tasks import (
     TaskItem,
     check,

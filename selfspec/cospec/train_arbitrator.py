@@ -466,7 +466,6 @@ def label_states(
     task_by_name = {t.name: t for t in tasks}
     reference = {(t.name, item.uid): item.reference for t in tasks for item in t.items}
     requests: list[Request] = []
-    slots: list[tuple[int, int]] = []  # (state index, request index of the draft branch) ; target = +1
     budgets: list[int] = []
     for index, collected in enumerate(states):
         d = collected.decision
