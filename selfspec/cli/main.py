@@ -160,8 +160,7 @@ def demo(
         try:
             run_demo(model=model, prompt=prompt, console=console, cot_cap=cot_cap, answer_cap=answer_cap, draft_budget=draft_budget)
         except (ModelNotFoundError, TokenizerDefectError) as exc:  # a wrong --model: one line, not a traceback
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
+            _fail(str(exc))
         return
     generate(prompt=prompt or "Write is_prime(n) in Python.", model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
              think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True, ssr=False,
