@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from selfspec.bench.degeneration import loop_kind
 from selfspec.bench.modes import ALL_MODES
 
 
@@ -59,7 +60,17 @@ def load_records(inputs: Iterable[Path]) -> list[Record]:
             latest[_record_key(rec)] = rec
     if not latest:
         raise ReportError("no bench records in " + ", ".join(str(p) for p in paths))
+    for rec in latest.values():
+        _judge_loop(rec)
     return list(latest.values())
+
+
+def _judge_loop(rec: Record) -> None:
+    """Re-judge the loop flag with today's measures (`degeneration.py`), so records written
+    before a measure existed are set apart the same way as new ones."""
+    if "loop" in rec or "answer_text" in rec:
+        rec["loop_kind"] = loop_kind(rec)
+        rec["loop"] = rec["loop_kind"] is not None
 
 
 def _read_text(path: Path) -> str:

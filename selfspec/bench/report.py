@@ -266,12 +266,27 @@ def _exclusion_sentence(group: Group, excluded: list[str]) -> str:
     samples = {r["sample_id"] for r in group.records}
     if not any(r["mode"] == BASELINE for r in group.records):
         return "No baseline records, so loops cannot be judged per sample; nothing excluded."
+    kinds = f" ({_loop_kinds(group, excluded)})" if excluded else ""
     return (
-        f"{len(excluded)} of {len(samples)} samples excluded because their baseline answer is a loop "
-        "(distinct-4-gram ratio below 0.5): small models forced past EOS at a fixed answer length fall "
+        f"{len(excluded)} of {len(samples)} samples excluded because their baseline answer is a loop"
+        f"{kinds}: small models forced past EOS at a fixed answer length fall "
         "into repetition, and a draft that repeats the same loop \"matches\" almost for free, which "
         "flatters every draft mode." + (f" Excluded: {', '.join(excluded)}." if excluded else "")
     )
+
+
+def _loop_kinds(group: Group, excluded: list[str]) -> str:
+    """How the excluded baselines were judged loops, e.g. "38 by distinct-4-gram ratio below 0.5,
+    1 by a counting run" (the measures are in `degeneration.py`)."""
+    names = {"distinct-4": "distinct-4-gram ratio below 0.5",
+             "repeated block": "a block repeated back to back over >= 512 characters",
+             "counting run": "a counting run of >= 64 numbers"}
+    kinds: dict[str, int] = defaultdict(int)
+    wanted = set(excluded)
+    for rec in group.records:
+        if rec["mode"] == BASELINE and rec["sample_id"] in wanted:
+            kinds[rec.get("loop_kind") or "distinct-4"] += 1
+    return ", ".join(f"{n} by {names.get(kind, kind)}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
 
 
 def _skipped_by_group(skipped: list[Record]) -> dict[tuple, list[Record]]:

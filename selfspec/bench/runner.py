@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from selfspec.bench.datasets import BenchSample
+from selfspec.bench.degeneration import loop_kind
 from selfspec.bench.end_of_text import end_of_text_fields
 from selfspec.bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
 from selfspec.engine.sampling import SamplingParams
@@ -33,7 +34,6 @@ def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-LOOP_THRESHOLD = 0.5  # below this distinct-4-gram ratio an answer is flagged as a loop
 
 
 def token_hash(tokens: list[int]) -> str:
@@ -137,7 +137,8 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         "_token_ids": list(r.token_ids),  # for first_divergence; not written
         "_token_shapes": list(r.output_shapes),
     }
-    record["loop"] = record["answer_distinct4"] < LOOP_THRESHOLD
+    record["loop_kind"] = loop_kind(record)
+    record["loop"] = record["loop_kind"] is not None
     record.update(end_of_text_fields(answer, llm.engine.eos_token_ids, llm.tokenizer))
     return record
 
@@ -166,7 +167,7 @@ def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings
     latency = time.perf_counter() - start
     out = full[0, len(prompt) :].tolist()
     answer = full[0, closed.shape[1] :].tolist()
-    return {
+    record = {
         "latency_s": latency,
         "prompt_tokens": len(prompt),
         "output_tokens": len(out),
@@ -174,10 +175,13 @@ def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings
         "answer_tokens": len(answer),
         "output_hash": token_hash(out),
         "answer_distinct4": distinct_ngram_ratio(answer),
-        "loop": distinct_ngram_ratio(answer) < LOOP_THRESHOLD,
+        "answer_text": llm.tokenizer.decode(answer, skip_special_tokens=True),
         **end_of_text_fields(answer, llm.engine.eos_token_ids, llm.tokenizer),
         "_token_ids": out,
     }
+    record["loop_kind"] = loop_kind(record)
+    record["loop"] = record["loop_kind"] is not None
+    return record
 
 
 def _sync(llm: LLM) -> None:
