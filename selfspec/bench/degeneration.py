@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,24 +40,31 @@ COUNTING_MAX_GAP = 4  # characters between two numbers of one run
 _INTEGER = re.compile(r"\d+")
 
 
-def repeated_block_span(text: str, max_period: int = BLOCK_MAX_PERIOD) -> tuple[int, int]:
-    """(period, span) in characters of the longest stretch where `text[i] == text[i + period]`.
+def longest_periodic_span(seq: Sequence[int] | np.ndarray, max_period: int,
+                          min_repeats: int = BLOCK_MIN_REPEATS) -> tuple[int, int]:
+    """(period, span) of the longest stretch where `seq[t] == seq[t + period]` throughout, over
+    token ids or character codes alike (the thinker's evaluator judges its loops on tokens).
 
-    The span counts the characters the stretch covers (the run of equalities plus one period),
-    so a block of p characters written r times in a row has span r * p; only stretches of at
-    least three repeats count.
+    The span counts the items the stretch covers (the run of equalities plus one period), so a
+    block of p items written r times in a row has span r * p; only stretches of at least
+    `min_repeats` repeats count.
     """
-    chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    items = np.asarray(seq, dtype=np.int64)
     best_period, best_span = 0, 0
-    for period in range(1, min(max_period, len(chars) // 2) + 1):
-        equal = chars[:-period] == chars[period:]
+    for period in range(1, min(max_period, len(items) // 2) + 1):
+        equal = items[:-period] == items[period:]
         if not equal.any():
             continue
         edges = np.flatnonzero(np.diff(np.concatenate(([0], equal.astype(np.int8), [0]))))
         span = int((edges[1::2] - edges[::2]).max()) + period
-        if span >= BLOCK_MIN_REPEATS * period and span > best_span:
+        if span >= min_repeats * period and span > best_span:
             best_period, best_span = period, span
     return best_period, best_span
+
+
+def repeated_block_span(text: str, max_period: int = BLOCK_MAX_PERIOD) -> tuple[int, int]:
+    """(period, span) in characters of the longest block of `text` repeated back to back."""
+    return longest_periodic_span(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32), max_period)
 
 
 def longest_counting_run(text: str, max_gap: int = COUNTING_MAX_GAP) -> int:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from selfspec.bench.degeneration import longest_periodic_span as periodic_span
 from selfspec.engine.sampling import SamplingParams
 from selfspec.policies.thinking import ThinkingLimits
 from selfspec.spec.suffix_proposer import SuffixConfig, SuffixProposer
@@ -118,24 +119,9 @@ def suffix_predicted_tokens(final: Sequence[int], draft: Sequence[int], anchor: 
 
 
 def longest_periodic_span(ids: Sequence[int], max_period: int = LOOP_MAX_PERIOD) -> tuple[int, int]:
-    """(period, span) of the longest stretch where `ids[t] == ids[t + period]` throughout.
-
-    `span` counts the tokens the stretch covers (the run of equalities plus one period),
-    so a block of p tokens written r times in a row has span r * p.
-    """
-    tokens = np.asarray(ids, dtype=np.int64)
-    best_period, best_span = 0, 0
-    for period in range(1, min(max_period, len(tokens) // 2) + 1):
-        equal = tokens[:-period] == tokens[period:]
-        if not equal.any():
-            continue
-        padded = np.concatenate(([0], equal.astype(np.int8), [0]))
-        edges = np.flatnonzero(np.diff(padded))
-        run = int((edges[1::2] - edges[::2]).max())
-        span = run + period
-        if span >= LOOP_MIN_REPEATS * period and span > best_span:
-            best_period, best_span = period, span
-    return best_period, best_span
+    """(period, span) in tokens of the longest block written >= 3 times back to back
+    (`bench.degeneration.longest_periodic_span`, which the bench's loop flag shares)."""
+    return periodic_span(ids, max_period, LOOP_MIN_REPEATS)
 
 
 def has_loop(ids: Sequence[int]) -> bool:
