@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from selfspec.bench.ablation import ablation_section
+from selfspec.bench.degeneration import BLOCK_MIN_CHARS, COUNTING_MIN_TERMS, DISTINCT4_LOOP_THRESHOLD
 from selfspec.bench.modes import SKIPPED
 from selfspec.bench.records import (
     BASELINE,
@@ -278,9 +279,9 @@ def _exclusion_sentence(group: Group, excluded: list[str]) -> str:
 def _loop_kinds(group: Group, excluded: list[str]) -> str:
     """How the excluded baselines were judged loops, e.g. "38 by distinct-4-gram ratio below 0.5,
     1 by a counting run" (the measures are in `degeneration.py`)."""
-    names = {"distinct-4": "distinct-4-gram ratio below 0.5",
-             "repeated block": "a block repeated back to back over >= 512 characters",
-             "counting run": "a counting run of >= 64 numbers"}
+    names = {"distinct-4": f"distinct-4-gram ratio below {DISTINCT4_LOOP_THRESHOLD}",
+             "repeated block": f"a block repeated back to back over >= {BLOCK_MIN_CHARS} characters",
+             "counting run": f"a counting run of >= {COUNTING_MIN_TERMS} numbers"}
     kinds: dict[str, int] = defaultdict(int)
     wanted = set(excluded)
     for rec in group.records:

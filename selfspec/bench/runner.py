@@ -34,8 +34,6 @@ def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-
-
 def token_hash(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
 
