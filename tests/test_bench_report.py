@@ -358,9 +358,9 @@ def test_a_model_run_from_a_local_directory_is_named_by_the_directory(tmp_path):
 def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_without_loops(tmp_path: Path):
     from selfspec.bench.report import PAPER_LATENCY_REDUCTION_PCT, ours_beside_theirs
 
-    records = [
-        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 5.0),  # 50% faster
-        _rec("s1", "baseline", 10.0, loop=True), _rec("s1", "prefix+suffix", 9.0),  # loop: left out of the clean column
+    records = [r for i in range(6) for r in (_rec(f"s{i}", "baseline", 10.0), _rec(f"s{i}", "prefix+suffix", 5.0 + 0.1 * i))]
+    records += [
+        _rec("s9", "baseline", 10.0, loop=True), _rec("s9", "prefix+suffix", 9.0),  # loop: left out of the clean column
         _rec("t0", "baseline", 10.0, benchmark="thinker/class_synthesis"),
         _rec("t0", "prefix+suffix", 8.0, benchmark="thinker/class_synthesis"),
         _rec("u0", "baseline", 10.0, benchmark="classeval"), _rec("u0", "prefix", 9.0, benchmark="classeval"),  # no full SSR
@@ -369,10 +369,13 @@ def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_withou
     by_bench = {r["run"].split(" / ")[1].split(",")[0]: r for r in rows}
     assert set(by_bench) == {"humaneval", "thinker/class_synthesis"}
     humaneval = by_bench["humaneval"]
-    assert humaneval["latency_reduction_pct"] == pytest.approx(30.0)  # 1 - 14/20
-    assert humaneval["latency_reduction_pct_without_loops"] == pytest.approx(50.0) and humaneval["n_without_loops"] == 1
-    assert humaneval["paper_row"] == "HumanEval" and min(PAPER_LATENCY_REDUCTION_PCT["HumanEval"].values()) < 30.0
-    assert humaneval["verdict"] == "matches or beats both"  # 30% against 2.9% / 14.6%
+    assert humaneval["latency_reduction_pct"] == pytest.approx(100 * (1 - 40.5 / 70))  # 42.1%
+    assert humaneval["latency_reduction_pct_without_loops"] == pytest.approx(100 * (1 - 31.5 / 60))
+    assert humaneval["n_without_loops"] == 6
+    low, high = humaneval["latency_reduction_ci95"]
+    assert low < humaneval["latency_reduction_pct"] < high and low > max(PAPER_LATENCY_REDUCTION_PCT["HumanEval"].values())
+    assert humaneval["paper_row"] == "HumanEval"
+    assert humaneval["verdict"] == humaneval["verdict_without_loops"] == "matches or beats both"  # 42% against 2.9% / 14.6%
     assert by_bench["thinker/class_synthesis"]["verdict"] == "no paper row"
     text = "\n".join(md)
     assert "ours beside the paper's rows" in text and "(theirs)" in text and "HumanEval: 2.9% / 14.6%" in text
@@ -390,7 +393,7 @@ def test_a_loop_dominated_run_gets_no_all_sample_verdict():
     md, (row,) = ours_beside_theirs(group_records(records))
     assert row["latency_reduction_pct"] > 50.0 and (row["baseline_loops"], row["baseline_samples"]) == (2, 3)
     assert row["verdict"] == "not comparable (2 of 3 baselines are loops)"
-    assert row["verdict_without_loops"] == "below both"  # 1% on the one loop-free sample
+    assert row["verdict_without_loops"] == "too few samples (1)"  # 1% on the one loop-free sample: no verdict
     assert "| 2 / 3 |" in "\n".join(md)
 
 
@@ -416,6 +419,30 @@ def test_verdict_names_the_model_beaten():
     assert _verdict(10.0, "HumanEval") == "matches or beats Qwen3.5-4B only"
     assert _verdict(1.0, "HumanEval") == "below both"
     assert _verdict(None, "HumanEval") == "n/a"
+
+
+def test_verdict_weighs_the_interval_and_the_sample_count():
+    """A paper number inside our 95% interval is within noise; under five paired samples, no verdict."""
+    from selfspec.bench.report import _verdict
+
+    # HumanEval's row: Qwen3.5-4B 2.9%, Gemma-4-E4B 14.6%.
+    assert _verdict(0.6, "HumanEval", (-3.8, 4.8), 5) == "within noise of Qwen3.5-4B, below Gemma-4-E4B"
+    assert _verdict(10.0, "HumanEval", (8.0, 12.0), 40) == "beats Qwen3.5-4B, below Gemma-4-E4B"
+    assert _verdict(16.0, "HumanEval", (15.0, 17.0), 40) == "matches or beats both"
+    assert _verdict(1.0, "HumanEval", (0.0, 2.0), 40) == "below both"
+    assert _verdict(50.0, "HumanEval", (45.0, 55.0), 4) == "too few samples (4)"
+
+
+def test_latency_reduction_interval_is_seeded_and_paired():
+    from selfspec.bench.records import latency_reduction_ci
+
+    pairs = [(10.0, 5.0), (10.0, 6.0), (20.0, 10.0), (10.0, 9.0), (10.0, 4.0)]
+    low, high = latency_reduction_ci(pairs)
+    assert latency_reduction_ci(pairs) == (low, high)  # same report every rebuild
+    assert low < 100 * (1 - 34 / 60) < high and 0 < low and high < 100
+    # Same ratio in every sample: no spread, whatever the sample sizes.
+    assert latency_reduction_ci([(10.0, 5.0), (2.0, 1.0), (30.0, 15.0)]) == pytest.approx((50.0, 50.0))
+    assert latency_reduction_ci([(10.0, 5.0)]) is None
 
 
 def test_first_divergence_locates_where_a_mode_leaves_the_baseline():

@@ -135,26 +135,40 @@ def _paper_row(benchmark: str) -> str | None:
     return _PAPER_ROW_FOR_BENCHMARK.get(benchmark.split("/")[0].lower())
 
 
-def _verdict(ours_pct: float | None, row: str | None) -> str:
-    """How our latency reduction stands against the paper's two models on the same row."""
+MIN_VERDICT_SAMPLES = 5  # fewer paired samples than this get no verdict against the paper
+
+
+def _verdict(ours_pct: float | None, row: str | None, ci: tuple[float, float] | None = None,
+             n: int | None = None) -> str:
+    """How our latency reduction stands against the paper's two models on the same row.
+
+    With a 95% interval (`records.latency_reduction_ci`) a paper number inside it is "within
+    noise", not beaten or missed: a verdict on five samples should not hang on one of them.
+    Fewer than `MIN_VERDICT_SAMPLES` paired samples get none."""
     if row is None:
         return "no paper row"
     if ours_pct is None:
         return "n/a"
+    if n is not None and n < MIN_VERDICT_SAMPLES:
+        return f"too few samples ({n})"
     theirs = PAPER_LATENCY_REDUCTION_PCT[row]
-    beaten = [m for m in PAPER_MODELS if ours_pct >= theirs[m]]
-    if len(beaten) == len(PAPER_MODELS):
+    low, high = ci if ci is not None else (ours_pct, ours_pct)
+    status = {m: "beats" if low >= theirs[m] else "below" if high < theirs[m] else "within noise of"
+              for m in PAPER_MODELS}
+    if all(v == "beats" for v in status.values()):
         return "matches or beats both"
-    if beaten:
-        return f"matches or beats {beaten[0]} only"
-    return "below both"
+    if all(v == "below" for v in status.values()):
+        return "below both"
+    if ci is None:
+        return f"matches or beats {next(m for m in PAPER_MODELS if status[m] == 'beats')} only"
+    return ", ".join(f"{v} {m}" for m, v in status.items())
 
 
 LOOP_DOMINATED_SHARE = 0.5  # above this share of loop baselines, a run's all-sample number is not a paper-row answer
 
 
 def _verdict_all_samples(ours_pct: float | None, row: str | None, samples: int, *, loops: int = 0,
-                         no_answer: int = 0) -> str:
+                         no_answer: int = 0, ci: tuple[float, float] | None = None, n: int | None = None) -> str:
     """The verdict, withheld when most baselines are loops or end inside thinking.
 
     Why: a draft that falls into the baseline's own loop is accepted for free, so a run made mostly
@@ -168,7 +182,7 @@ def _verdict_all_samples(ours_pct: float | None, row: str | None, samples: int, 
             return f"not comparable ({loops} of {samples} baselines are loops)"
         if no_answer / samples > LOOP_DOMINATED_SHARE:
             return f"not comparable ({no_answer} of {samples} baselines give no answer)"
-    return _verdict(ours_pct, row)
+    return _verdict(ours_pct, row, ci, n)
 
 
 def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -198,10 +212,13 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
             "accepted_prefix": ours["mean_accepted_prefix"], "exact_match_rate": ours["exact_match_rate"],
             "gpu_sharing": _sharing_counts(group),
             "paper_row": row,
+            "latency_reduction_ci95": ours["latency_reduction_ci95"],
+            "latency_reduction_ci95_without_loops": clean["latency_reduction_ci95"] if clean else None,
             "verdict": _verdict_all_samples(ours["latency_reduction_pct"], row, baselines, loops=len(excluded),
-                                            no_answer=no_answer),
+                                            no_answer=no_answer, ci=ours["latency_reduction_ci95"], n=ours["n_paired"]),
             "verdict_without_loops": (_verdict_all_samples(clean["latency_reduction_pct"], row, baselines - len(excluded),
-                                                           no_answer=clean_no_answer) if clean else "n/a"),
+                                                           no_answer=clean_no_answer, ci=clean["latency_reduction_ci95"],
+                                                           n=clean["n_paired"]) if clean else "n/a"),
         })
     if not rows:
         return [], rows
@@ -210,6 +227,8 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
           "are theirs. Runs on our own thinker workload have no paper row. Where more than half of a run's "
           "baselines are loops, its all-sample number gets no verdict: a draft that repeats the baseline's loop "
           "is accepted for free; likewise where more than half end inside thinking with no answer (natural lengths). "
+          "In brackets: the 95% bootstrap interval over samples; a paper number inside it is *within noise*, "
+          f"and fewer than {MIN_VERDICT_SAMPLES} paired samples get no verdict. "
           "*Shared GPU*: samples that ran while another process used the GPU (`gpu_co_tenants`); their speculative "
           "speedups read high (session 14, the same samples shared and alone: prefix+suffix 1.095x vs 1.054x, "
           "prompt lookup 4.30x vs 3.61x). *Not recorded*: written before records carried it (the H200 runs of "
@@ -221,12 +240,18 @@ def ours_beside_theirs(groups: list[Group]) -> tuple[list[str], list[dict[str, A
         theirs = ("–" if r["paper_row"] is None else f"{r['paper_row']}: "
                   + " / ".join(f"{PAPER_LATENCY_REDUCTION_PCT[r['paper_row']][m]:.1f}%" for m in PAPER_MODELS))
         md.append(f"| {r['run']} | {r['n']} | {r['baseline_loops']} / {r['baseline_samples']} "
-                  f"| {r['baseline_no_answer']} | {_fmt(r['latency_reduction_pct'], '.1f', '%')} "
-                  f"| {_fmt(r['latency_reduction_pct_without_loops'], '.1f', '%')} ({r['n_without_loops']}) "
+                  f"| {r['baseline_no_answer']} | {_with_ci(r['latency_reduction_pct'], r['latency_reduction_ci95'])} "
+                  f"| {_with_ci(r['latency_reduction_pct_without_loops'], r['latency_reduction_ci95_without_loops'])} "
+                  f"({r['n_without_loops']}) "
                   f"| {_fmt(r['accepted_prefix'], '.1f')} | {_pct(r['exact_match_rate'])} | {_sharing_cell(r['gpu_sharing'])} "
                   f"| {theirs} "
                   f"| {r['verdict']} / {r['verdict_without_loops']} |")
     return md + [""], rows
+
+
+def _with_ci(pct: float | None, ci: tuple[float, float] | None) -> str:
+    """"3.5% [2.1, 4.9]": the latency reduction and its 95% bootstrap interval."""
+    return _fmt(pct, ".1f", "%") + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci is not None and pct is not None else "")
 
 
 def _sharing_counts(group: Group) -> dict[str, int]:
