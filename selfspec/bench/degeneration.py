@@ -89,10 +89,11 @@ def longest_counting_run(text: str, max_gap: int = COUNTING_MAX_GAP) -> int:
     return best
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=64)
 def text_degeneration(text: str) -> str | None:
     """"repeated block", "counting run" or None for an answer's text (cached: the modes of one
-    sample share their text whenever they are exact)."""
+    sample share their text whenever they are exact, and their records sit together; a small
+    cache, since answers run to 20,000 characters and a bench process lives for hours)."""
     if repeated_block_span(text)[1] >= BLOCK_MIN_CHARS:
         return "repeated block"
     if longest_counting_run(text) >= COUNTING_MIN_TERMS:
