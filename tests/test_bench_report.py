@@ -608,3 +608,13 @@ def test_reuse_ablation_pairs_each_run_with_its_own_baseline_beside_the_papers_r
     assert "## Reuse ablation on ClassEval: ours beside the paper's" in text
     assert "| paper: Gemma-4-E4B (theirs) | – | – | 1.086x | 1.318x | 1.318x | – |" in text
     assert "| tiny / classeval, draft budget 100, float32, run ablation | 1 | 0 / 1 | 1.250x | 2.000x | – |" in text
+
+
+def test_a_budget_sweeps_tables_come_in_budget_order(tmp_path):
+    """Budgets sort as numbers (50 before 100 before 600), not as the text of their settings."""
+    path = _write(tmp_path / "sweep.jsonl", [
+        r for budget in (600, 100, 50) for r in (_rec("s0", "baseline", 2.0, budget=budget),
+                                                  _rec("s0", "prefix", 1.0, budget=budget))
+    ])
+    groups = group_records(load_records([path]))
+    assert [g.settings["draft_budget"] for g in groups] == [50, 100, 600]

@@ -303,7 +303,15 @@ def group_records(records: list[Record]) -> list[Group]:
         if key not in groups:
             groups[key] = Group(key[0], key[1], run_settings(rec))
         groups[key].records.append(rec)
-    return sorted(groups.values(), key=lambda g: g.key)
+    return sorted(groups.values(), key=_group_order)
+
+
+def _group_order(group: Group) -> tuple:
+    """Tables in a stable order, a budget sweep's by budget as a number (50 before 100,
+    which sorting the settings' JSON text would put the other way round)."""
+    budget = group.settings.get("draft_budget")
+    numeric = isinstance(budget, (int, float)) and not isinstance(budget, bool)
+    return group.model, group.benchmark, not numeric, budget if numeric else 0, group.key[2]
 
 
 def budget_families(groups: list[Group]) -> list[list[Group]]:
