@@ -40,6 +40,14 @@ COUNTING_MAX_GAP = 4  # characters between two numbers of one run
 _INTEGER = re.compile(r"\d+")
 
 
+def distinct_ngram_ratio(tokens: Sequence[int], n: int = 4) -> float:
+    """Distinct n-grams / all n-grams of a token sequence: ~1 for prose or code, low for output
+    stuck in a loop (1.0 when there is no n-gram at all). The bench's records and the thinker's
+    evaluator both measure with this one function, so their loop figures mean the same thing."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
 def longest_periodic_span(seq: Sequence[int] | np.ndarray, max_period: int,
                           min_repeats: int = BLOCK_MIN_REPEATS) -> tuple[int, int]:
     """(period, span) of the longest stretch where `seq[t] == seq[t + period]` throughout, over

@@ -20,18 +20,12 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from selfspec.bench.datasets import BenchSample
-from selfspec.bench.degeneration import loop_kind
+from selfspec.bench.degeneration import distinct_ngram_ratio, loop_kind
 from selfspec.bench.end_of_text import end_of_text_fields
 from selfspec.bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.policies.thinking import ThinkingLimits
-
-
-def distinct_ngram_ratio(tokens: list[int], n: int = 4) -> float:
-    """Distinct n-grams / n-grams: ~1 for prose or code, low for outputs stuck in a loop."""
-    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 1.0
 
 
 def token_hash(tokens: list[int]) -> str:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from selfspec.bench.degeneration import distinct_ngram_ratio
 from selfspec.bench.degeneration import longest_periodic_span as periodic_span
 from selfspec.engine.sampling import SamplingParams
 from selfspec.policies.thinking import ThinkingLimits
@@ -127,14 +128,6 @@ def longest_periodic_span(ids: Sequence[int], max_period: int = LOOP_MAX_PERIOD)
 def has_loop(ids: Sequence[int]) -> bool:
     """A block repeated >= 3 times back to back over >= 64 tokens."""
     return longest_periodic_span(ids)[1] >= LOOP_MIN_SPAN
-
-
-def distinct_ngram_ratio(ids: Sequence[int], n: int = 4) -> float:
-    """Distinct n-grams / all n-grams (1.0: no n-gram repeats)."""
-    if len(ids) < n:
-        return 1.0
-    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
-    return len(set(grams)) / len(grams)
 
 
 def strip_answer(ids: Sequence[int], tokenizer: Any, eos_ids: frozenset[int]) -> list[int]:
