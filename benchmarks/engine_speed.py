@@ -152,9 +152,9 @@ def ssr_overhead(model, tok, args, device) -> dict:
     """Latency of SSR with every draft token rejected (and with drafts not used) vs the baseline."""
     import selfspec.engine.llm_engine as llm_engine
     from selfspec.llm import LLM
-    from selfspec.policies.thinking import ThinkingLimits
-    from selfspec.spec.verifiers import VerifyResult, verify_greedy
-    from selfspec.ssr.config import SSRConfig
+    from selfspec.thinking.policy import ThinkingLimits
+    from selfspec.engine.verify import VerifyResult, verify_greedy
+    from selfspec.spec.ssr_config import SSRConfig
 
     llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=args.ssr_cot + args.ssr_answer + 512),
                          name=args.model)
@@ -267,7 +267,7 @@ def main() -> None:
     import transformers
 
     from selfspec.models import load_model
-    from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
+    from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
 
     cuda = args.device.startswith("cuda")
     modes = args.modes.split(",") if args.modes else [m for m in ALL_MODES if cuda or args.smoke or m != "engine-graph"]

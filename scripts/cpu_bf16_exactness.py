@@ -28,14 +28,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from selfspec.bench.datasets import load_benchmark  # noqa: E402
-from selfspec.bench.modes import BenchSettings, spec_for  # noqa: E402
-from selfspec.bench.runner import _limits, _params, divergence_fields  # noqa: E402
+from selfspec_bench.datasets import load_benchmark  # noqa: E402
+from selfspec_bench.modes import BenchSettings, spec_for  # noqa: E402
+from selfspec_bench.runner import _limits, _params, divergence_fields  # noqa: E402
 from selfspec.engine.llm_engine import EngineConfig  # noqa: E402
 from selfspec.engine.static_forward import GraphBuckets  # noqa: E402
 from selfspec.llm import LLM  # noqa: E402
 from selfspec.run_info import device_name, library_versions  # noqa: E402
-from selfspec.ssr.config import SuffixOptions  # noqa: E402
+from selfspec.spec.ssr_config import SuffixOptions  # noqa: E402
 
 MODES = ("prefix+suffix", "suffix-decoding", "prompt-lookup")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from selfspec.bench.records import load_records  # noqa: E402
+from selfspec_bench.records import load_records  # noqa: E402
 
 
 def read_records(path: Path) -> list[dict]:

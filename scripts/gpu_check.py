@@ -27,8 +27,8 @@ import torch
 
 from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.sampling import SamplingParams
-from selfspec.spec.proposal import Proposal
-from selfspec.spec.verifiers import VerifyResult
+from selfspec.spec.base import Proposal
+from selfspec.engine.verify import VerifyResult
 from selfspec.testing.tiny import tiny_model
 
 RESULTS: list[dict] = []
@@ -143,7 +143,7 @@ def check_tiny(device: str) -> None:
 def check_sps(device: str) -> None:
     """Draft-model speculation (the draft = the target's first layer, its own graphs) is exact."""
     from selfspec.llm import LLM
-    from selfspec.policies.speculative import SpeculationConfig
+    from selfspec.spec.baselines import SpeculationConfig
     from selfspec.testing.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
@@ -160,7 +160,7 @@ def check_sps(device: str) -> None:
 
 def check_real(model_name: str, tokens: int, device: str, tokenizer: str | None = None) -> None:
     from selfspec.models import load_model
-    from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
+    from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
 
     loaded = load_model(model_name, device=device, dtype="bfloat16" if device == "cuda" else "float32",
                         tokenizer=tokenizer)

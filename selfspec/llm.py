@@ -17,9 +17,9 @@ import torch
 from selfspec.engine.llm_engine import Engine, EngineConfig, StepEvent
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import Sequence
-from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
-from selfspec.policies.thinking import ThinkingLimits, ThinkingPolicy
-from selfspec.spec.suffix_proposer import GlobalSuffixHistory
+from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
+from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
+from selfspec.spec.suffix import GlobalSuffixHistory
 
 Prompt = str | list[dict] | list[int]
 
@@ -133,12 +133,12 @@ class LLM:
     def set_draft(self, draft: "str | torch.nn.Module", **load_kwargs) -> None:
         """Attach a draft model for SpS: "layers:N" (the target's first N layers + head,
         shared weights), "distilled:<dir>" or "layers:N+<dir>" (the same shape with a
-        distilled LoRA merged into copies of those layers: `selfspec.cospec.draft_distill`),
+        distilled LoRA merged into copies of those layers: `selfspec.spec.distilled_draft`),
         a loaded module, or a model name/path of the same vocabulary."""
         from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
 
         if isinstance(draft, str) and (draft.startswith("distilled:") or (draft.startswith("layers:") and "+" in draft)):
-            from selfspec.cospec.draft_distill import load_draft_spec
+            from selfspec.spec.distilled_draft import load_draft_spec
 
             module = load_draft_spec(self.model, draft, compile_backend=self.engine.config.compile_backend)
         elif isinstance(draft, str) and draft.startswith("layers:"):

@@ -169,9 +169,9 @@ def test_samples_that_cannot_fit_the_context_are_skipped_and_reported(bench_run,
 
 
 def test_context_fit_sizes_the_engine_to_the_longest_runnable_sample():
-    from selfspec.bench.context_fit import CLOSE_MARGIN, fit_to_context
-    from selfspec.bench.datasets.sample import BenchSample, user_message
-    from selfspec.models.thinking import ThinkingFormat, build_prompt_ids
+    from selfspec_bench.context_fit import CLOSE_MARGIN, fit_to_context
+    from selfspec_bench.datasets.sample import BenchSample, user_message
+    from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
     from selfspec.testing.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
@@ -278,7 +278,7 @@ def test_compiled_graph_count_sees_a_compilation():
     it reads must move when something compiles."""
     import torch
 
-    from selfspec.bench.runner import compiled_graph_count
+    from selfspec_bench.runner import compiled_graph_count
 
     f = torch.compile(lambda x: x * 3 + 1, backend="eager")
     before = compiled_graph_count()
@@ -291,7 +291,7 @@ def test_compiled_graph_count_sees_a_compilation():
 def test_mode_order_rotates_through_the_baseline_and_records_are_written_baseline_first(tmp_path: Path, monkeypatch):
     """The baseline takes every place in the order in turn (a run's place must not favour a
     mode), yet each sample's records are compared with its baseline and written baseline first."""
-    from selfspec.bench import runner
+    from selfspec_bench import runner
 
     calls: list[tuple[str, str]] = []
     real = runner.run_engine_mode
@@ -321,7 +321,7 @@ def test_every_sample_gets_short_untimed_runs_before_its_timed_ones(tmp_path: Pa
     """The first timed run of a sample must not pay for its prompt's first prefill or an idle
     GPU (session 11: +7-15% per forward at place 1 in every mode): each group is warmed with
     short runs of its own samples, and `--no-group-warm-up` turns that off."""
-    from selfspec.bench import runner
+    from selfspec_bench import runner
 
     def run(flag: list[str]) -> list[tuple[str, str, str]]:
         calls: list[tuple[str, str, str]] = []
@@ -352,7 +352,7 @@ def test_global_suffix_history_does_not_leak_a_sample_between_its_own_mode_runs(
     """With "global" among the suffix sources, each timed run of a sample starts from the
     shared history as it stood before that sample (an earlier mode's answer to the same prompt
     would be proposed for free), and the next sample sees the response the sample left."""
-    from selfspec.bench import runner
+    from selfspec_bench import runner
 
     seen: list[tuple[str, str, int, int]] = []
     real = runner.run_engine_mode
@@ -381,7 +381,7 @@ def test_global_suffix_history_does_not_leak_a_sample_between_its_own_mode_runs(
 def test_records_append_after_a_torn_last_line(tmp_path: Path):
     """A run killed while writing leaves a torn last line; the next run's records start on a
     line of their own (the torn one is skipped by readers, not glued to a new record)."""
-    from selfspec.bench.runner import _append_lines
+    from selfspec_bench.runner import _append_lines
 
     path = tmp_path / "r.jsonl"
     path.write_text('{"sample_id": "a"}\n{"sample_id": "b", "mo')
@@ -396,7 +396,7 @@ def test_records_say_whether_other_processes_shared_the_gpu(tmp_path: Path, monk
     carry the most other processes seen on the device just before and just after its timed runs
     (asked before the warm-up and after each sample, never between a warm-up and its timed runs;
     None where the device cannot tell); a CPU run asks nothing."""
-    from selfspec.bench import cli
+    from selfspec_bench import cli
 
     answers = iter([None, None, 3, 0])  # before the warm-up, then after each of the 3 samples
     monkeypatch.setattr(cli, "co_tenant_probe", lambda device: (lambda: next(answers)))

@@ -1,4 +1,4 @@
-"""Loaders of selfspec.bench.datasets: counts on the real files, prompt contents,
+"""Loaders of selfspec_bench.datasets: counts on the real files, prompt contents,
 path/data_dir overrides with small files of the same format, and missing-file errors."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import shutil
 import pytest
 
-from selfspec.bench import available_benchmarks, load_benchmark
-from selfspec.bench.datasets import LONGPROC_TASKS
-from selfspec.bench.datasets.countdown_search import solve_with_trace
-from selfspec.bench.datasets.longproc import default_data_dir
-from selfspec.bench.datasets.paths import shared_datasets_dir
+from selfspec_bench import available_benchmarks, load_benchmark
+from selfspec_bench.datasets import LONGPROC_TASKS
+from selfspec_bench.datasets.countdown_search import solve_with_trace
+from selfspec_bench.datasets.longproc import default_data_dir
+from selfspec_bench.datasets.paths import shared_datasets_dir
 
 LONGPROC_DIR = default_data_dir()
 CLASSEVAL_FILE = shared_datasets_dir() / "classeval" / "ClassEval_data.json"

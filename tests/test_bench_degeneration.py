@@ -1,4 +1,4 @@
-"""The loop measures of `selfspec.bench.degeneration`: they catch the degenerate answers seen on
+"""The loop measures of `selfspec_bench.degeneration`: they catch the degenerate answers seen on
 the H200 that the distinct-4-gram ratio let through, and pass every reference answer of the
 benchmarks (which a real model should be free to write)."""
 
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from selfspec.bench.datasets import humaneval
-from selfspec.bench.datasets.classeval import default_path as classeval_path
-from selfspec.bench.datasets.longproc import default_data_dir
-from selfspec.bench.degeneration import (
+from selfspec_bench.datasets import humaneval
+from selfspec_bench.datasets.classeval import default_path as classeval_path
+from selfspec_bench.datasets.longproc import default_data_dir
+from selfspec_bench.degeneration import (
     BLOCK_MIN_CHARS,
     COUNTING_MIN_TERMS,
     longest_counting_run,
@@ -20,8 +20,8 @@ from selfspec.bench.degeneration import (
     repeated_block_span,
     text_degeneration,
 )
-from selfspec.bench.records import load_records
-from selfspec.bench.report import build_report
+from selfspec_bench.records import load_records
+from selfspec_bench.report import build_report
 
 PROSE = (
     "To launch the product, first study the market and name the customers it serves. Then set a "

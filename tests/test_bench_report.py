@@ -1,4 +1,4 @@
-"""`selfspec.bench.report`: exact figures from synthetic records, plots on disk, clear errors."""
+"""`selfspec_bench.report`: exact figures from synthetic records, plots on disk, clear errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from selfspec.bench.records import ReportError, group_records, load_records
-from selfspec.bench.report import build_report
+from selfspec_bench.records import ReportError, group_records, load_records
+from selfspec_bench.report import build_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -234,7 +234,7 @@ def test_missing_file_no_inputs_and_corrupt_middle_line(tmp_path: Path):
 def test_resume_and_exactness_are_keyed_by_model_and_settings(tmp_path):
     import json as _json
 
-    from selfspec.bench.runner import _baseline_hashes, completed_pairs
+    from selfspec_bench.runner import _baseline_hashes, completed_pairs
 
     path = tmp_path / "sweep.jsonl"
     a, b = {"draft_budget": 100}, {"draft_budget": 200}
@@ -289,8 +289,8 @@ def test_pass_rate_is_also_given_for_answers_cut_at_their_end_of_text(tmp_path):
 def test_a_named_run_pairs_with_its_own_baseline_and_gets_its_own_table(tmp_path):
     """An ablation re-running the baseline beside modes the committed run lacks (`bench --run-name`):
     its baseline must not replace the committed run's, nor pair with that run's modes."""
-    from selfspec.bench.modes import BenchSettings
-    from selfspec.bench.runner import completed_pairs
+    from selfspec_bench.modes import BenchSettings
+    from selfspec_bench.runner import completed_pairs
 
     named = {**_settings(), "run_name": "ablation"}
     path = _write(tmp_path / "runs.jsonl", [
@@ -356,7 +356,7 @@ def test_a_model_run_from_a_local_directory_is_named_by_the_directory(tmp_path):
 
 
 def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_without_loops(tmp_path: Path):
-    from selfspec.bench.report import PAPER_LATENCY_REDUCTION_PCT, ours_beside_theirs
+    from selfspec_bench.report import PAPER_LATENCY_REDUCTION_PCT, ours_beside_theirs
 
     records = [r for i in range(6) for r in (_rec(f"s{i}", "baseline", 10.0), _rec(f"s{i}", "prefix+suffix", 5.0 + 0.1 * i))]
     records += [
@@ -383,7 +383,7 @@ def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_withou
 
 def test_a_loop_dominated_run_gets_no_all_sample_verdict():
     """Two of three baselines loop: the all-sample 'beats the paper' is withheld, the loop-free one stays."""
-    from selfspec.bench.report import ours_beside_theirs
+    from selfspec_bench.report import ours_beside_theirs
 
     records = [
         _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 9.9),
@@ -399,7 +399,7 @@ def test_a_loop_dominated_run_gets_no_all_sample_verdict():
 
 def test_a_run_where_most_baselines_give_no_answer_gets_no_verdict():
     """Natural lengths: two of three baselines end inside thinking; neither verdict compares them with the paper."""
-    from selfspec.bench.report import ours_beside_theirs
+    from selfspec_bench.report import ours_beside_theirs
 
     no_answer = {"answer_tokens": 0, "first_answer_token_s": None}
     records = [
@@ -414,7 +414,7 @@ def test_a_run_where_most_baselines_give_no_answer_gets_no_verdict():
 
 
 def test_verdict_names_the_model_beaten():
-    from selfspec.bench.report import _verdict
+    from selfspec_bench.report import _verdict
 
     assert _verdict(10.0, "HumanEval") == "matches or beats Qwen3.5-4B only"
     assert _verdict(1.0, "HumanEval") == "below both"
@@ -423,7 +423,7 @@ def test_verdict_names_the_model_beaten():
 
 def test_verdict_weighs_the_interval_and_the_sample_count():
     """A paper number inside our 95% interval is within noise; under five paired samples, no verdict."""
-    from selfspec.bench.report import _verdict
+    from selfspec_bench.report import _verdict
 
     # HumanEval's row: Qwen3.5-4B 2.9%, Gemma-4-E4B 14.6%.
     assert _verdict(0.6, "HumanEval", (-3.8, 4.8), 5) == "within noise of Qwen3.5-4B, below Gemma-4-E4B"
@@ -434,7 +434,7 @@ def test_verdict_weighs_the_interval_and_the_sample_count():
 
 
 def test_latency_reduction_interval_is_seeded_and_paired():
-    from selfspec.bench.records import latency_reduction_ci
+    from selfspec_bench.records import latency_reduction_ci
 
     pairs = [(10.0, 5.0), (10.0, 6.0), (20.0, 10.0), (10.0, 9.0), (10.0, 4.0)]
     low, high = latency_reduction_ci(pairs)
@@ -446,7 +446,7 @@ def test_latency_reduction_interval_is_seeded_and_paired():
 
 
 def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
-    from selfspec.bench.runner import divergence_fields, first_divergence
+    from selfspec_bench.runner import divergence_fields, first_divergence
 
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
@@ -459,8 +459,8 @@ def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
 
 
 def test_divergence_summary_counts_phases_and_shapes():
-    from selfspec.bench.report import _divergence_lines
-    from selfspec.bench.run_checks import divergence_summary
+    from selfspec_bench.report import _divergence_lines
+    from selfspec_bench.run_checks import divergence_summary
 
     def rec(sid, mode, index=None, phase=None, shape=None, base=None):
         r = _rec(sid, mode, 10.0)
@@ -488,8 +488,8 @@ def test_divergence_summary_counts_phases_and_shapes():
 
 def test_exact_match_is_split_by_package_source_when_a_run_mixes_versions():
     """A resumed file can span engine versions: the report gives each version's exact-match count."""
-    from selfspec.bench.report import _exactness_by_source_lines
-    from selfspec.bench.run_checks import exactness_by_source
+    from selfspec_bench.report import _exactness_by_source_lines
+    from selfspec_bench.run_checks import exactness_by_source
 
     def rec(sid, mode, exact=None, source=None):
         r = _rec(sid, mode, 10.0)
@@ -565,7 +565,7 @@ def test_a_named_rerun_of_common_samples_is_set_beside_the_unnamed_run(tmp_path:
 
 def test_the_paper_row_table_says_how_many_samples_shared_the_gpu():
     """Shared samples read faster in the speculative modes (session 14), so the headline says how many there were."""
-    from selfspec.bench.report import ours_beside_theirs
+    from selfspec_bench.report import ours_beside_theirs
 
     def pair(sample, tenants):
         return [_rec(sample, "baseline", 10.0, gpu_co_tenants=tenants), _rec(sample, "prefix+suffix", 8.0, gpu_co_tenants=tenants)]

@@ -1,4 +1,4 @@
-"""Scorers of selfspec.bench.scoring: gold/canonical answers pass, corrupted ones fail,
+"""Scorers of selfspec_bench.scoring: gold/canonical answers pass, corrupted ones fail,
 partial credit is what the benchmark defines, and answers are found amid prose."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import time
 
 import pytest
 
-from selfspec.bench import load_benchmark, score
-from selfspec.bench.datasets import LONGPROC_TASKS
-from selfspec.bench.datasets.longproc import default_data_dir
-from selfspec.bench.datasets.paths import shared_datasets_dir
-from selfspec.bench.scoring import ScoreResult, scorer_for
-from selfspec.bench.scoring.extract import fenced_blocks, last_tagged, pick_code
-from selfspec.bench.scoring.longproc import pseudo_to_code
-from selfspec.bench.scoring.math_normalize import latex_equivalent, numbers_equal
-from selfspec.bench.scoring import sandbox
-from selfspec.bench.scoring.sandbox import run_python_file
+from selfspec_bench import load_benchmark, score
+from selfspec_bench.datasets import LONGPROC_TASKS
+from selfspec_bench.datasets.longproc import default_data_dir
+from selfspec_bench.datasets.paths import shared_datasets_dir
+from selfspec_bench.scoring import ScoreResult, scorer_for
+from selfspec_bench.scoring.extract import fenced_blocks, last_tagged, pick_code
+from selfspec_bench.scoring.longproc import pseudo_to_code
+from selfspec_bench.scoring.math_normalize import latex_equivalent, numbers_equal
+from selfspec_bench.scoring import sandbox
+from selfspec_bench.scoring.sandbox import run_python_file
 
 needs_shared = pytest.mark.skipif(
     not default_data_dir().is_dir() or not (shared_datasets_dir() / "classeval").is_dir(),
@@ -312,9 +312,9 @@ def test_full_canonical_sweep(name):
 def test_an_answer_forced_past_its_end_of_text_is_also_graded_cut_there():
     """Fixed lengths force answers past the model's own end-of-text (`bench.end_of_text`): the
     record keeps where it ended and the checker grades the answer cut there beside the whole."""
-    from selfspec.bench.end_of_text import end_of_text_fields
-    from selfspec.bench.modes import BenchSettings
-    from selfspec.bench.runner import _finish_record
+    from selfspec_bench.end_of_text import end_of_text_fields
+    from selfspec_bench.modes import BenchSettings
+    from selfspec_bench.runner import _finish_record
 
     class Decoder:
         def decode(self, ids, skip_special_tokens=True):

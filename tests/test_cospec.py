@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from selfspec.cospec import ArbitrationState, Arbitrator, CoSpecConfig, build_batch, hybrid_mask, hybrid_positions
-from selfspec.cospec.checkpoint import load_arbitrator, load_arbitrator_for, read_checkpoint_config, save_arbitrator
-from selfspec.cospec.policy import CoSpecPolicy
-from selfspec.cospec.training import (
+from selfspec.spec.cospec import ArbitrationState, Arbitrator, CoSpecConfig, build_batch, hybrid_mask, hybrid_positions
+from selfspec.spec.cospec.checkpoint import load_arbitrator, load_arbitrator_for, read_checkpoint_config, save_arbitrator
+from selfspec.spec.cospec.policy import CoSpecPolicy
+from selfspec_research.cospec.training import (
     PPOSettings,
     bce_loss,
     collect_mismatch_states,
@@ -27,9 +27,9 @@ from selfspec.cospec.training import (
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.policies.speculative import SpeculationConfig
+from selfspec.spec.baselines import SpeculationConfig
 from selfspec.spec.draft_model import shallow_draft
-from selfspec.spec.proposal import Proposal
+from selfspec.spec.base import Proposal
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 PROMPTS = ["What is 12 + 30?", "Write a counter class", "Route from A to B", "hello", "def add(a, b):"]
@@ -77,7 +77,7 @@ def test_hybrid_mask_rule():
 def test_device_layout_is_the_mask_rule_with_padding():
     """`hybrid_layout` (what the CUDA graphs compute from three integers) equals
     `hybrid_mask`/`hybrid_positions` on the real rows, and padding is self-only and unseen."""
-    from selfspec.cospec.arbitrator import hybrid_layout
+    from selfspec.spec.cospec.arbitrator import hybrid_layout
 
     cases = [(1, 1, 1), (3, 2, 3), (7, 1, 2), (12, 5, 6), (4, 8, 9)]
     width = 32
@@ -389,7 +389,7 @@ def test_bucket_padded_forward_matches_the_unpadded_one(tok, family):
 
     Run here without capture (CPU): the same static buffers and body the GPU replays.
     """
-    from selfspec.cospec.arbitrator_graphs import ArbitratorGraphs
+    from selfspec.spec.cospec.graphs import ArbitratorGraphs
 
     target = tiny_model(family, len(tok), seed=5, num_layers=3, eos_token_id=tok.eos_token_id, sliding_window=4)
     pair = LLM.from_model(target, tok, engine_config=EngineConfig(num_slots=1, max_len=128), draft="layers:2")
@@ -412,7 +412,7 @@ def test_graphs_are_not_copied_with_the_arbitrator(llm):
     """RL deep-copies the arbitrator as its frozen reference: graph state must stay behind."""
     import copy
 
-    from selfspec.cospec.arbitrator_graphs import _GRAPHS, graphs_for
+    from selfspec.spec.cospec.graphs import _GRAPHS, graphs_for
 
     arbitrator = _trained_copy(llm)
     graphs = graphs_for(arbitrator)

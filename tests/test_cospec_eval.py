@@ -10,14 +10,14 @@ import torch
 from typer.testing import CliRunner
 
 from selfspec.cli.main import app
-from selfspec.cospec import Arbitrator, CoSpecConfig
-from selfspec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
-from selfspec.cospec.cli import parse_thresholds
-from selfspec.cospec.eval_report import write_outputs
-from selfspec.cospec.eval_tasks import parse_tasks
-from selfspec.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
+from selfspec.spec.cospec import Arbitrator, CoSpecConfig
+from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
+from selfspec_research.cospec.cli import parse_thresholds
+from selfspec_research.cospec.eval_report import write_outputs
+from selfspec_research.cospec.eval_tasks import parse_tasks
+from selfspec_research.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
 from selfspec.engine.sampling import SamplingParams
-from selfspec.policies.speculative import SpeculationConfig
+from selfspec.spec.baselines import SpeculationConfig
 from selfspec.server.cli import load_llm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -172,7 +172,7 @@ def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
 
 def test_humaneval_task_scores_with_the_tests():
     """HumanEval items are picked by seed and scored by running the problem's check()."""
-    from selfspec.cospec.eval_tasks import build_task
+    from selfspec_research.cospec.eval_tasks import build_task
 
     task = build_task("humaneval", 2, 1000)
     again = build_task("humaneval", 2, 1000)
@@ -211,7 +211,7 @@ def test_cli_report_merges_runs_split_by_task(tmp_path):
 
 def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, monkeypatch):
     """A run killed mid-task keeps its finished runs; the re-run skips them and gives the same rows."""
-    import selfspec.cospec.evaluate as evaluate
+    import selfspec_research.cospec.evaluate as evaluate
 
     config = CoSpecEvalConfig(
         tasks=("arithmetic_search", "class_synthesis"), n=2, thresholds=(0.0,), k=4, max_tokens=16,

@@ -10,11 +10,11 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from selfspec.cospec import Arbitrator, CoSpecConfig
-from selfspec.cospec.checkpoint import load_arbitrator, read_checkpoint_config
-from selfspec.cospec.eval_tasks import EvalTask, build_task
-from selfspec.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
-from selfspec.cospec.train_arbitrator import (
+from selfspec.spec.cospec import Arbitrator, CoSpecConfig
+from selfspec.spec.cospec.checkpoint import load_arbitrator, read_checkpoint_config
+from selfspec_research.cospec.eval_tasks import EvalTask, build_task
+from selfspec_research.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
+from selfspec_research.cospec.train_arbitrator import (
     TrainConfig,
     branch_logprob_sums,
     collect_states,
@@ -29,13 +29,13 @@ from selfspec.cospec.train_arbitrator import (
     train_arbitrator,
     training_tasks,
 )
-from selfspec.cospec.train_cli import register
-from selfspec.cospec.training import frozen_copy
+from selfspec_research.cospec.train_cli import register
+from selfspec_research.cospec.training import frozen_copy
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
-from selfspec.thinker.tasks import stable_rng
+from selfspec_research.thinker.tasks import stable_rng
 
 TASKS = "arithmetic_search,gsm8k"
 
@@ -117,7 +117,7 @@ def test_training_items_come_from_the_training_streams_only(tasks):
 def test_eval_excludes_the_reserved_gsm8k_ids(llm):
     # Without exclusions the eval's pick is unchanged (a list pool samples like range()).
     plain = build_task("gsm8k", 3, 1000)
-    from selfspec.bench.datasets.gsm8k import load_gsm8k
+    from selfspec_bench.datasets.gsm8k import load_gsm8k
 
     samples = load_gsm8k()
     expected = sorted(stable_rng("cospec-eval", "gsm8k", 1000).sample(range(len(samples)), 3))
@@ -216,8 +216,8 @@ def test_sampled_decisions_record_logits_and_target_logprobs(llm):
 
 
 def test_rollout_reward_parts():
-    from selfspec.cospec.arbitrator import ArbitrationState
-    from selfspec.cospec.policy import Decision
+    from selfspec.spec.cospec.arbitrator import ArbitrationState
+    from selfspec.spec.cospec.policy import Decision
 
     state = ArbitrationState((1,), (2,), (3,))
     decisions = [

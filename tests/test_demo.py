@@ -7,17 +7,8 @@ import io
 
 from rich.console import Console
 
-from selfspec.ssr.demo import DEMO_MODEL, default_demo_prompt, run_demo
+from selfspec.cli.demo import DEMO_MODEL, default_demo_prompt, run_demo
 from selfspec.testing.tiny import save_tiny_model_dir
-from selfspec.thinker.tasks import generate
-from selfspec.thinker.train import DATA_VERSIONS
-
-
-def test_default_prompt_is_a_held_out_item_of_the_models_data_version():
-    knobs = DATA_VERSIONS["thinker-data-v3"]["class_synthesis"]  # smollm2-thinker-v4b trained on v3 items
-    assert DEMO_MODEL == "smollm2-thinker-v4b"
-    assert default_demo_prompt() == generate("class_synthesis", 1000, 3, **knobs).prompt
-    assert default_demo_prompt("no-such-model") == generate("class_synthesis", 1000, 3, **DATA_VERSIONS["thinker-data-v1"]["class_synthesis"]).prompt
 
 
 def test_demo_runs_baseline_and_ssr_with_identical_output(tmp_path):

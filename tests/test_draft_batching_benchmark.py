@@ -20,6 +20,6 @@ def test_draft_batching_benchmark_on_the_tiny_model(tmp_path, repo_script):
     runs = summary["runs"]
     assert runs["batched"][0]["draft_forwards"] < runs["per-sequence"][0]["draft_forwards"]
     assert "faster end to end" in (out / "report.md").read_text()
-    from selfspec.policies.thinking import ThinkingPolicy
+    from selfspec.thinking.policy import ThinkingPolicy
 
     assert ThinkingPolicy.proposal_group is not None and "lambda" not in ThinkingPolicy.proposal_group.__qualname__

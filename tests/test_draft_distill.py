@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from selfspec.cospec.cli import cospec_app
-from selfspec.cospec.draft_distill import (
+from selfspec_research.cospec.cli import cospec_app
+from selfspec_research.cospec.draft_distill import (
     MANIFEST,
     DistillConfig,
     build_training_blocks,
@@ -32,11 +32,11 @@ from selfspec.cospec.draft_distill import (
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.models.thinking import ThinkingFormat
-from selfspec.policies.speculative import SpeculationConfig
-from selfspec.policies.thinking import ThinkingLimits
+from selfspec.thinking.format import ThinkingFormat
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.thinking.policy import ThinkingLimits
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
-from selfspec.thinker.train import Example
+from selfspec_research.thinker.train import Example
 
 TOY_KNOBS = {
     "route_finding": {"min_hops": 2, "max_hops": 2, "min_answer_tokens": 1},
@@ -298,7 +298,7 @@ def test_cli_train_draft_on_the_tiny_model(tmp_path, tok):
 
 
 def test_packaged_draft_names_resolve_to_the_package():
-    from selfspec.cospec.draft_distill import PACKAGED_DRAFTS_DIR, parse_distilled_spec, read_draft_manifest
+    from selfspec_research.cospec.draft_distill import PACKAGED_DRAFTS_DIR, parse_distilled_spec, read_draft_manifest
 
     path, layers = parse_distilled_spec("distilled:smollm2-thinker-l8")
     assert path == PACKAGED_DRAFTS_DIR / "smollm2-thinker-l8" and layers is None

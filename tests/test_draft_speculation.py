@@ -10,8 +10,8 @@ from scipy.stats import chi2_contingency
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.policies.speculative import SpeculationConfig
-from selfspec.policies.thinking import ThinkingLimits
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.draft_model import shallow_draft
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from selfspec.bench.datasets import load_benchmark
-from selfspec.bench.modes import BenchSettings
+from selfspec_bench.datasets import load_benchmark
+from selfspec_bench.modes import BenchSettings
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM

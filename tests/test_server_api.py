@@ -19,10 +19,10 @@ import pytest
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.policies.thinking import ThinkingLimits
+from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server import BackgroundServer, RequestDefaults, ServerConfig, create_app
 from selfspec.server.cli import load_llm
-from selfspec.ssr.config import SSRConfig
+from selfspec.spec.ssr_config import SSRConfig
 
 MODEL = "tiny"
 PROMPTS = [

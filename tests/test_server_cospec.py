@@ -14,8 +14,8 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from selfspec.cospec import Arbitrator, CoSpecConfig
-from selfspec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
+from selfspec.spec.cospec import Arbitrator, CoSpecConfig
+from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM

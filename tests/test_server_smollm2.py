@@ -12,7 +12,7 @@ import pytest
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.policies.thinking import ThinkingLimits
+from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server import BackgroundServer, ServerConfig, create_app
 
 pytestmark = [

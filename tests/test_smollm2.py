@@ -12,9 +12,9 @@ import torch
 
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
-from selfspec.policies.speculative import SpeculationConfig
-from selfspec.policies.thinking import ThinkingLimits
-from selfspec.ssr.config import SSRConfig
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.thinking.policy import ThinkingLimits
+from selfspec.spec.ssr_config import SSRConfig
 
 pytestmark = [
     pytest.mark.model,

@@ -17,9 +17,9 @@ from scipy.stats import chi2_contingency
 from selfspec.engine.llm_engine import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.models.thinking import ThinkingFormat
-from selfspec.policies.thinking import ThinkingLimits
-from selfspec.ssr.config import SSRConfig
+from selfspec.thinking.format import ThinkingFormat
+from selfspec.thinking.policy import ThinkingLimits
+from selfspec.spec.ssr_config import SSRConfig
 from selfspec.testing.tiny import tiny_model
 
 VOCAB = 6

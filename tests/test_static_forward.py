@@ -17,8 +17,8 @@ from selfspec.engine.model_runner import Chunk
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
-from selfspec.policies.thinking import ThinkingLimits
-from selfspec.ssr.config import SSRConfig
+from selfspec.thinking.policy import ThinkingLimits
+from selfspec.spec.ssr_config import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 VOCAB = 128
@@ -83,7 +83,7 @@ def test_batch_crossing_key_buckets_matches_generate(model):
 
 def test_verification_chunks_in_token_buckets_match_generate(model):
     """Proposals of 1..7 tokens are verified in token buckets 2..8, padded on the left."""
-    from selfspec.spec.proposal import Proposal
+    from selfspec.spec.base import Proposal
 
     (prompt,) = prompts([9], seed=4)
     want = reference(model, prompt, 30)
@@ -269,7 +269,7 @@ def test_proposals_fit_the_largest_token_bucket(model):
     a policy room for at most (largest bucket - 1) proposals, so no verify runs eagerly (on a GPU an
     eager forward costs Python overhead and computes attention another way, other bf16 bits)."""
     from selfspec.engine.policy import SequencePolicy
-    from selfspec.spec.proposal import Proposal
+    from selfspec.spec.base import Proposal
 
     (prompt,) = prompts([5], seed=6)
     want = reference(model, prompt, 40)

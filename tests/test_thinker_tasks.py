@@ -1,4 +1,4 @@
-"""Tests for the thinker task generators and checkers (selfspec.thinker.tasks)."""
+"""Tests for the thinker task generators and checkers (selfspec_research.thinker.tasks)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from selfspec.thinker.tasks import (
+from selfspec_research.thinker.tasks import (
     TaskItem,
     check,
     check_many,
@@ -27,14 +27,14 @@ from selfspec.thinker.tasks import (
     ordered_line_coverage,
     versions,
 )
-from selfspec.thinker.tasks.arithmetic_search import ArithmeticSearch, apply, ordered_search
-from selfspec.thinker.tasks.class_concepts import CONCEPTS
-from selfspec.thinker.tasks.class_synthesis import ClassSynthesis, _class_code, _reference_outcomes, _render_method
-from selfspec.thinker.tasks.class_spec import Draw
-from selfspec.thinker.tasks.pyexec import UnitTest, run_class_tests
-from selfspec.thinker.tasks.record_extraction import RecordExtraction, RecordExtractionV2, SimpleFilter
-from selfspec.thinker.tasks.route_finding import RouteFinding, RouteFindingV2, adjacency, hop_line, shortest_paths
-from selfspec.thinker.train import DATA_VERSION, DATA_VERSIONS, DEFAULT_TASK_KNOBS, DataSpec, data_version_knobs
+from selfspec_research.thinker.tasks.arithmetic_search import ArithmeticSearch, apply, ordered_search
+from selfspec_research.thinker.tasks.class_concepts import CONCEPTS
+from selfspec_research.thinker.tasks.class_synthesis import ClassSynthesis, _class_code, _reference_outcomes, _render_method
+from selfspec_research.thinker.tasks.class_spec import Draw
+from selfspec_research.thinker.tasks.pyexec import UnitTest, run_class_tests
+from selfspec_research.thinker.tasks.record_extraction import RecordExtraction, RecordExtractionV2, SimpleFilter
+from selfspec_research.thinker.tasks.route_finding import RouteFinding, RouteFindingV2, adjacency, hop_line, shortest_paths
+from selfspec_research.thinker.train import DATA_VERSION, DATA_VERSIONS, DEFAULT_TASK_KNOBS, DataSpec, data_version_knobs
 
 N_ITEMS = 50
 FAMILIES = ("class_synthesis", "record_extraction", "route_finding", "arithmetic_search")
@@ -95,7 +95,7 @@ def test_same_seed_and_index_give_the_same_item_and_other_seeds_differ(family: s
 def test_items_reproduce_in_another_process_with_another_hash_seed() -> None:
     code = (
         "import hashlib, json\n"
-        "from selfspec.thinker.tasks import generate, families\n"
+        "from selfspec_research.thinker.tasks import generate, families\n"
         "for name in families():\n"
         "    item = generate(name, 21, 4)\n"
         "    print(hashlib.sha256(json.dumps(item.to_dict(), sort_keys=True).encode()).hexdigest())\n"
@@ -364,7 +364,7 @@ def test_v2_items_are_deterministic_per_seed(family: str) -> None:
 def test_v2_items_reproduce_in_another_process_with_another_hash_seed() -> None:
     code = (
         "import hashlib, json\n"
-        "from selfspec.thinker.train import DataSpec\n"
+        "from selfspec_research.thinker.train import DataSpec\n"
         "for item in DataSpec.for_version('thinker-data-v2', seed=21, items_per_family=2).items():\n"
         "    print(hashlib.sha256(json.dumps(item.to_dict(), sort_keys=True).encode()).hexdigest())\n"
     )
@@ -532,7 +532,7 @@ def _line_of(hop: str) -> str:
 
 def test_v2_reference_traces_do_not_loop() -> None:
     from selfspec.testing.tiny import tiny_tokenizer
-    from selfspec.thinker.evaluate import has_loop
+    from selfspec_research.thinker.evaluate import has_loop
 
     tokenizer = tiny_tokenizer()
     for item in DataSpec.for_version(V2, families=V2_FAMILIES, seed=4, items_per_family=15).items():
@@ -541,8 +541,8 @@ def test_v2_reference_traces_do_not_loop() -> None:
 
 def test_v2_length_statistics() -> None:
     """Sizes of thinker-data-v2 items (printed; run pytest -s to see them, or
-    `python -m selfspec.thinker.lengths --data-version thinker-data-v2`)."""
-    from selfspec.thinker.lengths import format_stats, length_stats, smollm2_tokenizer
+    `python -m selfspec_research.thinker.lengths --data-version thinker-data-v2`)."""
+    from selfspec_research.thinker.lengths import format_stats, length_stats, smollm2_tokenizer
 
     spec = DataSpec.for_version(V2, families=V2_FAMILIES, seed=0, items_per_family=40)
     items = spec.items()

@@ -16,10 +16,10 @@ import torch
 from typer.testing import CliRunner
 
 from selfspec.models import load_model, registry
-from selfspec.models.thinking import ThinkingFormat, build_prompt_text
+from selfspec.thinking.format import ThinkingFormat, build_prompt_text
 from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer
-from selfspec.thinker.cli import thinker_app
-from selfspec.thinker.evaluate import (
+from selfspec_research.thinker.cli import thinker_app
+from selfspec_research.thinker.evaluate import (
     EvalConfig,
     _convergence,
     _Run,
@@ -35,8 +35,8 @@ from selfspec.thinker.evaluate import (
     template_control,
     write_outputs,
 )
-from selfspec.thinker.tasks import format_training_text
-from selfspec.thinker.train import (
+from selfspec_research.thinker.tasks import format_training_text
+from selfspec_research.thinker.train import (
     IGNORE_INDEX,
     DataSpec,
     LoraSpec,
@@ -102,7 +102,7 @@ def test_example_uses_the_engines_prompt_and_close_tokens(tokenizer, kind):
 
 
 def test_collate_labels_are_next_tokens_of_the_target_only():
-    from selfspec.thinker.train import Example
+    from selfspec_research.thinker.train import Example
 
     examples = [Example((5, 6, 7, 8, 9), 2, "f"), Example((1, 2, 3), 1, "f")]
     input_ids, labels = collate(examples, pad_id=0)
@@ -116,7 +116,7 @@ def test_collate_labels_are_next_tokens_of_the_target_only():
 def test_early_answer_examples_cut_the_cot_and_train_only_the_answer(tokenizer):
     """An early-answer copy is prompt + CoT[:cut] + close + the full answer + EOS, with the
     loss on the answer and EOS only (never on the cut CoT or the close marker); seeded."""
-    from selfspec.thinker.train import early_answer_examples, encode_items
+    from selfspec_research.thinker.train import early_answer_examples, encode_items
 
     fmt = ThinkingFormat.detect(tokenizer, kind="prompted")
     examples = encode_items(tokenizer, fmt, _toy_data(4).items())
@@ -411,8 +411,8 @@ def test_toy_training_runs_on_v2_data(tokenizer):
 def test_cli_picks_the_data_version():
     from typer import Exit
 
-    from selfspec.thinker.cli import _data_spec
-    from selfspec.thinker.train import DATA_VERSION, DATA_VERSIONS, DEFAULT_TASK_KNOBS
+    from selfspec_research.thinker.cli import _data_spec
+    from selfspec_research.thinker.train import DATA_VERSION, DATA_VERSIONS, DEFAULT_TASK_KNOBS
 
     default = _data_spec("route_finding", 0, 3, None, None)
     assert default.version == DATA_VERSION == "thinker-data-v1" and dict(default.knobs) == DEFAULT_TASK_KNOBS
@@ -480,7 +480,7 @@ def test_convergence_plot_names_a_device_run_by_its_adapter(tmp_path, monkeypatc
     """The committed v4b eval ran from /tmp/out/...; the plot's title names the adapter, not the path."""
     import matplotlib.figure
 
-    from selfspec.thinker.evaluate import plot_convergence
+    from selfspec_research.thinker.evaluate import plot_convergence
 
     results = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/thinker_v4/results.json").read_text())
     assert results["model"].startswith("/tmp/out/")

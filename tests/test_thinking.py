@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from selfspec.models.thinking import (
+from selfspec.thinking.format import (
     EndOfThinkingMatcher,
     ThinkingFormat,
     build_prompt_ids,

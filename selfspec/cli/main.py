@@ -86,7 +86,7 @@ def generate(
     from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
     from selfspec.llm import LLM
     from selfspec.models import ModelNotFoundError
-    from selfspec.policies.thinking import ThinkingLimits
+    from selfspec.thinking.policy import ThinkingLimits
 
     from pydantic import ValidationError
 
@@ -96,14 +96,14 @@ def generate(
         limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap)
         limits.validate()
         if ssr:
-            from selfspec.ssr.config import SSRConfig
+            from selfspec.spec.ssr_config import SSRConfig
 
             sources = ["draft", "prompt", "output"] if speculate_thinking else ["draft"]
             spec = SSRConfig(draft_budgets=list(draft_budget) or [100], draft_interval=draft_interval, max_draft_len=max_draft,
                              reuse=reuse, speculate_thinking=speculate_thinking, suffix_sources=sources)
             think = True
         elif suffix_decoding or prompt_lookup:
-            from selfspec.policies.speculative import SpeculationConfig
+            from selfspec.spec.baselines import SpeculationConfig
 
             spec = SpeculationConfig(method="ngram" if prompt_lookup else "suffix")
     except (InvalidSamplingParams, ValueError, ValidationError) as exc:
@@ -151,7 +151,7 @@ def demo(
 ) -> None:
     """Run the main job on the default model: the SSR demo when available, else plain generation."""
     try:
-        from selfspec.ssr.demo import run_demo
+        from selfspec.cli.demo import run_demo
     except ImportError:
         run_demo = None
     if run_demo is not None:
@@ -169,30 +169,24 @@ def demo(
 
 
 def _register_subcommands() -> None:
-    """Sub-apps live beside the layer they drive; they are optional only while being built."""
-    from selfspec.bench.cli import bench_app
+    """`serve` is part of the product; `bench`, `thinker` and `cospec` come from the separately
+    installed parts (selfspec-bench, selfspec-research), which declare themselves under the
+    `selfspec.commands` entry-point group: the inference package never imports them."""
+    from importlib.metadata import entry_points
 
-    app.add_typer(bench_app, name="bench")
-    try:
-        from selfspec.server.cli import serve_command
-    except ImportError:
-        pass
-    else:
-        app.command("serve")(serve_command)
-    try:
-        from selfspec.thinker.cli import thinker_app
-    except ImportError:
-        pass
-    else:
-        app.add_typer(thinker_app, name="thinker")
-    try:
-        from selfspec.cospec.cli import cospec_app
-    except ImportError:
-        pass
-    else:
-        app.add_typer(cospec_app, name="cospec")
+    from selfspec.server.cli import serve_command
+
+    app.command("serve")(serve_command)
+    for point in sorted(entry_points(group="selfspec.commands"), key=lambda p: p.name):
+        try:
+            sub_app = point.load()
+        except ImportError as exc:  # a part installed without its own extras: say so, keep the CLI
+            _broken_plugins[point.name] = str(exc)
+            continue
+        app.add_typer(sub_app, name=point.name)
 
 
+_broken_plugins: dict[str, str] = {}
 _register_subcommands()
 
 

@@ -23,9 +23,9 @@ from selfspec.engine.sampling import SamplingParams, make_generator, processed_p
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
 from selfspec.engine.host_threads import limit_host_threads
-from selfspec.spec.proposal import Proposal
-from selfspec.spec.verifiers import VerifyResult
-from selfspec.spec.verifiers import (
+from selfspec.spec.base import Proposal
+from selfspec.engine.verify import VerifyResult
+from selfspec.engine.verify import (
     verify_greedy,
     verify_rejection_deterministic,
     verify_rejection_with_draft_probs,

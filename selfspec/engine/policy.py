@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from selfspec.spec.proposal import Proposal
-from selfspec.spec.verifiers import VerifyResult
+from selfspec.spec.base import Proposal
+from selfspec.engine.verify import VerifyResult
 
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine

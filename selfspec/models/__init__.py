@@ -17,7 +17,7 @@ from selfspec.models.registry import (
     register_model,
     unregister_model,
 )
-from selfspec.models.thinking import (
+from selfspec.thinking.format import (
     EndOfThinkingMatcher,
     ThinkingFormat,
     build_prompt_ids,

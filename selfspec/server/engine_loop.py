@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import Sequence
-from selfspec.policies.thinking import ThinkingLimits, ThinkingPolicy
+from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
 
 log = logging.getLogger("selfspec.server")
 

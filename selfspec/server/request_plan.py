@@ -17,14 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from selfspec.cospec.policy import CoSpecConfig
+from selfspec.spec.cospec.policy import CoSpecConfig
 from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
-from selfspec.policies.speculative import SpeculationConfig
-from selfspec.policies.thinking import ThinkingLimits
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server.config import RequestDefaults
 from selfspec.server.errors import APIError, from_validation_error
 from selfspec.server.schemas import ChatCompletionRequest, CoSpecOptions, CompletionRequest, SelfspecOptions
-from selfspec.ssr.config import SSRConfig
+from selfspec.spec.ssr_config import SSRConfig
 
 log = logging.getLogger("selfspec.server")
 

@@ -18,8 +18,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from selfspec.policies.speculative import SpeculationConfig
-from selfspec.ssr.config import SSRConfig
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.spec.ssr_config import SSRConfig
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256

@@ -6,8 +6,8 @@ Verifiers: `GreedyVerifier` (exact match) and `RejectionVerifier` (lossless reje
 sampling with or without draft probabilities), plus the functions they wrap.
 """
 
-from selfspec.spec.ngram_proposer import NgramProposer
-from selfspec.spec.proposal import ContextCursor, Proposal, Proposer
+from selfspec.spec.ngram import NgramProposer
+from selfspec.spec.base import ContextCursor, Proposal, Proposer
 from selfspec.spec.suffix_index import (
     CONTEXT_SOURCE,
     Candidate,
@@ -17,8 +17,8 @@ from selfspec.spec.suffix_index import (
     SuffixAutomaton,
     SuffixIndex,
 )
-from selfspec.spec.suffix_proposer import GLOBAL_SOURCE, GlobalSuffixHistory, SuffixConfig, SuffixProposer
-from selfspec.spec.verifiers import (
+from selfspec.spec.suffix import GLOBAL_SOURCE, GlobalSuffixHistory, SuffixConfig, SuffixProposer
+from selfspec.engine.verify import (
     GreedyVerifier,
     RejectionVerifier,
     Verifier,

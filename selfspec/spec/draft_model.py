@@ -21,7 +21,7 @@ from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.sampling import SamplingParams, processed_probs
 from selfspec.engine.scheduler import SlotPool
 from selfspec.engine.static_forward import GraphBuckets
-from selfspec.spec.proposal import Proposal
+from selfspec.spec.base import Proposal
 
 
 def shallow_draft(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:

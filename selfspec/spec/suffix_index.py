@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal, Sequence
 
-from selfspec.spec.proposal import ContextCursor
+from selfspec.spec.base import ContextCursor
 
 IndexMode = Literal["tree", "longest_match"]
 MatchSelection = Literal["score", "longest"]

@@ -119,8 +119,8 @@ def check_ssr() -> None:
     from selfspec.engine.sampling import SamplingParams
     from selfspec.engine.static_forward import GraphBuckets
     from selfspec.llm import LLM
-    from selfspec.policies.thinking import ThinkingLimits
-    from selfspec.ssr.config import SSRConfig
+    from selfspec.thinking.policy import ThinkingLimits
+    from selfspec.spec.ssr_config import SSRConfig
     from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()

@@ -1,6 +1,6 @@
 """Pre-check of early-answer training on the CPU: v2 + a LoRA trained on early-answer examples only."""
-import selfspec.thinker.train as T
-from selfspec.thinker.train import DataSpec, TrainConfig, LoraSpec, train_thinker, save_adapter
+import selfspec_research.thinker.train as T
+from selfspec_research.thinker.train import DataSpec, TrainConfig, LoraSpec, train_thinker, save_adapter
 
 real = T.encode_examples
 def early_only(tokenizer, fmt, items, max_len):

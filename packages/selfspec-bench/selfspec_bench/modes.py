@@ -1,0 +1,81 @@
+"""Benchmark modes: each name maps to a speculation config (or an external baseline).
+
+All engine modes run on the same `LLM` under the same thinking limits, so their latencies
+are side-by-side ratios against `baseline` from the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from selfspec.spec.baselines import SpeculationConfig
+from selfspec.spec.ssr_config import SSRConfig, SuffixOptions
+
+ENGINE_MODES = (
+    "baseline", "prefix", "suffix", "prefix+suffix", "ssr+think", "iterative", "suffix-decoding", "prompt-lookup", "sps", "ssr-off",
+)
+EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
+SKIPPED = "skipped"
+"""The `mode` of a record saying a sample was not run and why (`bench.context_fit`); never a decoding mode."""
+ALL_MODES = ENGINE_MODES + EXTERNAL_MODES
+LOSSLESS = set(ALL_MODES)  # every mode here must reproduce the baseline's greedy tokens
+
+
+@dataclass
+class BenchSettings:
+    """The paper-row knobs, each changeable from the CLI."""
+
+    cot_cap: int = 2000
+    answer_cap: int = 1500
+    draft_budget: int = 500
+    draft_interval: int | None = None  # iterative mode; default = draft_budget
+    max_draft_len: int = 500
+    fixed_length: bool = True
+    suffix: SuffixOptions = field(default_factory=SuffixOptions)
+    suffix_sources: list[str] = field(default_factory=lambda: ["draft"])
+    suffix_backoff_max: int = 16  # SSR modes: back off suffix proposals after failures (0: never)
+    temperature: float = 0.0
+    seed: int = 0
+    # Samples whose requests of one mode run together in the engine's batch (per-request
+    # latency = arrival to finish). 1 = one request at a time, as the paper measures.
+    concurrency: int = 1
+    # A run that must stay apart from others of the same knobs: e.g. an ablation that runs the
+    # baseline again beside modes a committed run lacks. Its records pair with their own baseline
+    # (the report keys tables, and resume keys records, by the settings), not with another run's.
+    run_name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["suffix"] = self.suffix.model_dump()
+        if d["run_name"] is None:  # records of unnamed runs keep the settings older files carry (resume)
+            del d["run_name"]
+        return d
+
+
+# Continuation caps of the paper's rows (HumanEval 1500, ClassEval 4000, LongProc 2000).
+PAPER_ANSWER_CAPS = {"humaneval": 1500, "classeval": 4000, "longproc": 2000}
+
+
+def spec_for(mode: str, s: BenchSettings):
+    """The `spec` object `LLM.generate` takes for an engine mode (None for the baseline)."""
+    ssr = dict(max_draft_len=s.max_draft_len, suffix=s.suffix, suffix_sources=s.suffix_sources,
+               suffix_backoff_max=s.suffix_backoff_max)
+    if mode == "baseline":
+        return None
+    if mode in ("prefix", "suffix", "prefix+suffix"):
+        return SSRConfig(draft_budgets=[s.draft_budget], reuse=mode, **ssr)
+    if mode == "ssr+think":  # prefix+suffix, and the CoT speculated by SuffixDecoding over prompt + output
+        sources = list(dict.fromkeys([*s.suffix_sources, "prompt", "output"]))  # and in the answer, past the draft
+        return SSRConfig(draft_budgets=[s.draft_budget], speculate_thinking=True, **{**ssr, "suffix_sources": sources})
+    if mode == "ssr-off":  # drafts made and thrown away: the overhead of drafting alone
+        return SSRConfig(draft_budgets=[s.draft_budget], reuse="off", **ssr)
+    if mode == "iterative":
+        return SSRConfig(draft_interval=s.draft_interval or s.draft_budget, **ssr)
+    if mode == "suffix-decoding":
+        return SpeculationConfig(method="suffix", suffix=s.suffix, sources=["prompt", "output"])
+    if mode == "prompt-lookup":
+        return SpeculationConfig(method="ngram")
+    if mode == "sps":  # draft-model speculation; the LLM needs a draft (bench --draft layers:N)
+        return SpeculationConfig(method="draft")
+    raise ValueError(f"unknown engine mode {mode!r}; choose from {', '.join(ALL_MODES)}")

@@ -1,0 +1,1 @@
+"""selfspec research code: the thinker (task generators, training, evaluation) and CoSpec training."""

@@ -1,0 +1,1 @@
+"""CoSpec training and evaluation (the inference side is `selfspec.spec.cospec`)."""

@@ -1,0 +1,115 @@
+"""The thinker's data versions: which generator knobs each named version of the training data uses.
+
+A data version is never edited once an adapter was trained on it: a new one is a new entry,
+so an adapter's manifest names the data it saw and that data regenerates exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+DATA_VERSION = "thinker-data-v1"
+"""The default data version: names `DEFAULT_TASK_KNOBS` together with the task families'
+own versions. A new data version is a new entry of `DATA_VERSIONS` (never an edit of an
+old one), so an adapter's TRAINING.md says which data it saw and old data regenerate."""
+
+DEFAULT_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    # Sized so that prompt + CoT + answer mostly fit 3k tokens: a 135M model can keep
+    # that much in view, and every answer is still 100-500 tokens long (SSR needs
+    # answers worth drafting).
+    "class_synthesis": {"min_methods": 2, "max_methods": 4, "min_answer_tokens": 120},
+    "record_extraction": {
+        "min_records": 5,
+        "max_records": 10,
+        "min_columns": 3,
+        "max_columns": 4,
+        "min_answer_tokens": 100,
+    },
+    "route_finding": {"min_hops": 4, "max_hops": 10, "min_answer_tokens": 80},
+    "arithmetic_search": {
+        "min_puzzles": 3,
+        "max_puzzles": 6,
+        "min_numbers": 4,
+        "max_numbers": 5,
+        "min_steps": 2,
+        "max_steps": 3,
+        "min_answer_tokens": 80,
+    },
+}
+
+DATA_VERSION_V2 = "thinker-data-v2"
+"""Learnable versions of the families thinker-data-v1 failed on (see
+benchmarks/results/thinker/notes.md): record_extraction and route_finding version 2, whose
+CoTs make every piece of the answer a copy of text written just before it, and
+arithmetic_search version 2 (three small numbers in order, an explicit bounded search);
+class synthesis as in v1. A family's knobs name its version with a "version" entry
+(`selfspec_research.thinker.tasks.get_family` takes it); without one a family is version 1."""
+
+V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    "class_synthesis": dict(DEFAULT_TASK_KNOBS["class_synthesis"]),
+    # 3-6 records (v1: 5-10, grown to 20) with 4-5 columns, so rows stay long enough for an
+    # answer of ~100 tokens; a one-comparison filter on a requested column in 60% of items,
+    # keeping ~60% of records; half of the values shown messy, few adverts.
+    "record_extraction": {
+        "version": 2,
+        "min_records": 3,
+        "max_records": 6,
+        "min_columns": 4,
+        "max_columns": 5,
+        "filter_probability": 0.6,
+        "keep_rate": 0.6,
+        "messy_rate": 0.5,
+        "noise_rate": 0.05,
+        "min_answer_tokens": 60,
+    },
+    # 5-8 stations on 2-4 lines (v1: 5-20 hops through ~40-stop networks); start and goal
+    # a farthest pair, at least 3 hops apart; the BFS CoT visits each station at most once.
+    "route_finding": {
+        "version": 2,
+        "min_stations": 5,
+        "max_stations": 8,
+        "min_lines": 2,
+        "max_lines": 4,
+        "min_hops": 3,
+    },
+    # 4-6 puzzles of three numbers 1-9 used in order, targets 10-99: the CoT writes every
+    # tried operation with its result (at most 3 first steps x 3 second steps a puzzle).
+    "arithmetic_search": {
+        "version": 2,
+        "min_puzzles": 4,
+        "max_puzzles": 6,
+        "max_number": 9,
+        "min_target": 10,
+        "max_target": 99,
+    },
+}
+
+DATA_VERSION_V3 = "thinker-data-v3"
+"""thinker-data-v2 with route finding version 3 (a start check after every new hop of the
+search: the v1-v3 thinkers' route-finding loops were searches that missed the start)."""
+
+V3_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    **{name: dict(knobs) for name, knobs in V2_TASK_KNOBS.items()},
+    "route_finding": {**V2_TASK_KNOBS["route_finding"], "version": 3},
+}
+
+DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
+    DATA_VERSION: DEFAULT_TASK_KNOBS,
+    DATA_VERSION_V2: V2_TASK_KNOBS,
+    DATA_VERSION_V3: V3_TASK_KNOBS,
+}
+"""The built-in data versions and their knobs (family -> knobs, "version" included)."""
+
+
+def data_version_knobs(version: str) -> dict[str, dict[str, Any]]:
+    """A copy of the knobs of built-in data version `version`."""
+    try:
+        knobs = DATA_VERSIONS[version]
+    except KeyError:
+        raise KeyError(f"unknown data version {version!r}; built in: {', '.join(DATA_VERSIONS)}") from None
+    return {family: dict(values) for family, values in knobs.items()}
+
+
+TRAIN_SEED = 0
+"""Stream of the training split; held-out evaluation uses other seeds."""

@@ -1,0 +1,212 @@
+"""CoSpec decoding: draft-model speculation whose verifier lets an arbitrator keep draft tokens.
+
+A round: the draft proposes K tokens (`DraftModelProposer`), the target verifies them in one
+forward (greedy target tokens t_0..t_K). Matching tokens are accepted as in SpS. At the first
+mismatch j the arbitrator is asked π(keep d_j | prefix + d_<j, d_j.., t_j..); the draft token
+is kept iff π >= threshold (λ = 0.6 in the paper; λ >= 1 never keeps), otherwise t_j is emitted
+and the round ends.
+
+How far a round continues past a kept token (our reading of the paper): the target's rows
+after position j were computed on the draft's path d_<=j, so once d_j is kept they *are* the
+target's verification of the rest of the block, and the block is checked on as usual:
+matches are accepted, and the round ends at the next mismatch with the target's token (or the
+bonus token after the last draft token). Only the first mismatch of a round is arbitrated by
+default, as the paper's state holds one mismatch per verification pass;
+`max_arbitrations_per_round` > 1 arbitrates later mismatches of the same block too.
+
+The output is lossy by design (it is no longer the target's greedy output whenever a draft
+token is kept): the policy reports `lossy: True` and counts kept tokens in `report()`.
+Only greedy decoding is supported (the paper's target tokens are greedy verification tokens).
+
+RL rollouts (`sample_seed` set): the keep decision is *sampled*, keep ~ Bernoulli(π), from a
+`random.Random(sample_seed)` of the request, and the threshold is not used; the recorder then
+also receives the arbitrator's logit (the behaviour policy's log-probability for PPO) and the
+target's log-probability of the draft token at the mismatch (for reward shaping).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from selfspec.spec.cospec.arbitrator import ArbitrationState, Arbitrator
+from selfspec.thinking.policy import ThinkingPolicy
+from selfspec.spec.base import Proposal
+from selfspec.engine.verify import VerifyResult
+
+if TYPE_CHECKING:
+    from selfspec.engine.llm_engine import Engine
+    from selfspec.engine.sequence import Sequence
+    from selfspec.llm import LLM
+    from selfspec.thinking.policy import ThinkingLimits
+
+
+@dataclass
+class Decision:
+    """One arbitrated mismatch (what the recorder receives; training reuses the states)."""
+
+    state: ArbitrationState
+    keep_probability: float | None  # None when no arbitrator ran (collection mode)
+    kept: bool
+    # The whole context at the mismatch (prompt + output + accepted draft tokens), before
+    # the arbitrator's window cut it: counterfactual continuations restart from here.
+    context: tuple[int, ...] = ()
+    prompt_len: int = 0
+    # Sampled decisions (RL rollouts) only: the arbitrator's keep logit (log π(keep) is
+    # logsigmoid(keep_logit)) and the target's log-probability of the draft token d_j.
+    keep_logit: float | None = None
+    target_logprob: float | None = None
+    sampled: bool = False
+
+
+class CoSpecConfig(BaseModel):
+    """CoSpec speculation: K draft tokens per round, arbitration at mismatches.
+
+    `arbitrator=None` is allowed only with threshold > 1 (nothing can be kept): that is
+    exact SpS that records the mismatch states, which is how SFT data is collected.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    num_speculative_tokens: int = Field(5, ge=1, le=64)
+    threshold: float = Field(0.6, ge=0.0)
+    max_arbitrations_per_round: int = Field(1, ge=1)
+    max_prefix_tokens: int = Field(512, ge=1)  # arbitrator window over prompt + verified prefix
+    arbitrator: Any = None  # an `Arbitrator`
+    recorder: Any = None  # optional callable(Decision), e.g. a list's append
+    # RL rollouts: sample keep ~ Bernoulli(π) with this seed (the threshold is then unused).
+    sample_seed: int | None = None
+
+    def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool, params=None) -> "CoSpecPolicy":
+        from selfspec.engine.sampling import SamplingParams
+        from selfspec.spec.draft_model import DraftModelProposer
+
+        if getattr(llm, "draft_runner", None) is None:
+            raise ValueError("CoSpec needs a draft model: LLM(..., draft='layers:N' or a model)")
+        params = params or SamplingParams()
+        if not params.greedy:
+            raise ValueError("CoSpec arbitrates greedy verification tokens; use temperature 0")
+        if self.arbitrator is None and self.threshold <= 1.0:
+            raise ValueError("CoSpec needs an arbitrator unless threshold > 1 (collection mode)")
+        if self.sample_seed is not None and self.arbitrator is None:
+            raise ValueError("sampled CoSpec decisions (sample_seed) need an arbitrator")
+        if self.arbitrator is not None and not isinstance(self.arbitrator, Arbitrator):
+            raise TypeError(f"arbitrator must be a selfspec.spec.cospec.Arbitrator, got {type(self.arbitrator).__name__}")
+        proposer = DraftModelProposer(llm.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
+        graphs = self.arbitrator.cuda_graphs() if self.arbitrator is not None else None
+        if graphs is not None:
+            # Widest state: prefix window + draft block (≤ K) + target block (≤ K + 1) + decision.
+            graphs.prepare(self.max_prefix_tokens + 2 * self.num_speculative_tokens + 2)
+        return CoSpecPolicy(
+            llm.thinking_format,
+            limits,
+            thinking=thinking,
+            proposer=proposer,
+            arbitrator=self.arbitrator,
+            threshold=self.threshold,
+            max_arbitrations=self.max_arbitrations_per_round,
+            max_prefix_tokens=self.max_prefix_tokens,
+            recorder=self.recorder,
+            sample_seed=self.sample_seed,
+        )
+
+
+class CoSpecPolicy(ThinkingPolicy):
+    """Thinking rules + draft proposals + arbitrated greedy verification."""
+
+    lossy = True
+
+    def __init__(
+        self,
+        fmt,
+        limits=None,
+        *,
+        thinking: bool,
+        proposer,
+        arbitrator: Arbitrator | None,
+        threshold: float,
+        max_arbitrations: int = 1,
+        max_prefix_tokens: int = 512,
+        recorder: Callable[[Decision], None] | None = None,
+        sample_seed: int | None = None,
+    ) -> None:
+        super().__init__(fmt, limits, thinking=thinking, proposer=proposer)
+        self.arbitrator = arbitrator
+        self.threshold = threshold
+        self.max_arbitrations = max_arbitrations
+        self.max_prefix_tokens = max_prefix_tokens
+        self.recorder = recorder
+        self.rng = random.Random(sample_seed) if sample_seed is not None else None
+        self.arbitrations = 0
+        self.kept_draft_tokens = 0
+        self.arbitration_seconds = 0.0
+
+    def verify(
+        self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
+    ) -> VerifyResult | None:
+        targets = logits.argmax(dim=-1).tolist()  # the one host sync of exact greedy verification
+        draft = proposal.tokens
+        accepted = arbitrated = 0
+        while accepted < len(draft):
+            if draft[accepted] == targets[accepted]:
+                accepted += 1
+                continue
+            if arbitrated >= self.max_arbitrations or not self._keep(seq, draft, targets, accepted, logits):
+                break
+            arbitrated += 1
+            accepted += 1
+        return VerifyResult(num_accepted=accepted, next_token=int(targets[accepted]))
+
+    def _keep(self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None) -> bool:
+        context = seq.token_ids + draft[:j]  # the engine appends the proposal only after verify
+        state = ArbitrationState(
+            prefix=tuple(context[-self.max_prefix_tokens :]),
+            draft_block=tuple(draft[j:]),
+            target_block=tuple(targets[j:]),
+        )
+        self.arbitrations += 1
+        probability = logit = target_logprob = None
+        started = time.perf_counter()
+        if self.rng is not None:  # RL rollout: keep ~ Bernoulli(π)
+            logit = float(self.arbitrator.keep_logits([state])[0])
+            probability = 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
+            kept = self.rng.random() < probability
+        else:
+            if self.arbitrator is not None:
+                probability = float(self.arbitrator.keep_probability([state])[0])
+            # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
+            # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
+            kept = probability is not None and self.threshold < 1.0 and probability >= self.threshold
+        self.arbitration_seconds += time.perf_counter() - started  # float() above synced the device
+        self.kept_draft_tokens += kept
+        if self.recorder is not None:
+            if self.rng is not None and logits is not None:
+                target_logprob = float(torch.log_softmax(logits[j].float(), dim=-1)[draft[j]])
+            self.recorder(
+                Decision(
+                    state,
+                    probability,
+                    kept,
+                    context=tuple(context),
+                    prompt_len=getattr(seq, "prompt_len", 0),
+                    keep_logit=logit,
+                    target_logprob=target_logprob,
+                    sampled=self.rng is not None,
+                )
+            )
+        return kept
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "lossy": True,
+            "cospec_threshold": self.threshold,
+            "arbitrations": self.arbitrations,
+            "kept_draft_tokens": self.kept_draft_tokens,
+            "arbitration_s": self.arbitration_seconds,
+        }

@@ -1,0 +1,409 @@
+"""SSR: fork drafts from a partial chain of thought, verify them under the full one.
+
+One `SSRPolicy` rides on the parent sequence; each draft is a child sequence with a
+`DraftPolicy`. Timeline of a request:
+
+1. Thinking. At each draft budget (a CoT length) the parent is forked: the child copies
+   the parent's KV (no recomputation), gets the end-of-thinking tokens appended, and
+   decodes an answer from the partial CoT in the same batched steps as the parent.
+   With iterative drafting a later child is speculated from earlier drafts (they mostly
+   agree), so it costs fewer steps; forking a new draft cancels older ones still running.
+2. The parent ends thinking (its own marker, or the CoT cap). Running drafts are
+   cancelled and their slots freed; what they wrote stays usable.
+3. Prefix verification: the newest draft is proposed in chunks, anchored on the
+   end-of-thinking marker (a longest-match index over marker + draft), and the engine's
+   exact verifier accepts the longest prefix the model agrees with under the full CoT.
+4. Draft-backed suffix decoding: after the first mismatch, a SuffixDecoding tree over the
+   drafts (and optionally prompt / output / global history) proposes continuations.
+
+Every token the parent commits went through the exact verifier, so the output equals plain
+decoding (greedy: token-identical; sampling: same distribution by rejection sampling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from selfspec.engine.policy import SequencePolicy
+from selfspec.engine.sampling import SamplingParams
+from selfspec.thinking.format import ThinkingFormat
+from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
+from selfspec.spec.base import Proposal
+from selfspec.spec.suffix import GlobalSuffixHistory, SuffixConfig, SuffixProposer
+
+if TYPE_CHECKING:
+    from selfspec.engine.llm_engine import Engine
+    from selfspec.engine.sequence import Sequence
+    from selfspec.spec.ssr_config import SSRConfig
+
+# Prefix verification proposes whole draft runs; the engine splits them into chunks of
+# its `max_proposal_tokens`, so the cap here only needs to exceed that.
+_UNCAPPED = SuffixConfig(mode="longest_match", max_spec_tokens=1 << 16, spec_factor=float(1 << 16), spec_offset=float(1 << 16))
+
+
+@dataclass
+class Draft:
+    """One fork: the CoT length it saw, its sequence, and the answer tokens it wrote."""
+
+    index: int
+    cot_tokens: int
+    seq: "Sequence"
+    anchor: list[int]  # the end-of-thinking tokens appended at the fork
+    tokens: list[int] = field(default_factory=list)
+    probs: list = field(default_factory=list)  # per draft token, when the request samples with draft probs
+    cancelled: bool = False
+
+    @property
+    def source(self) -> list[int]:
+        """Anchor + draft answer: what the parent's answer is matched against."""
+        return self.anchor + self.tokens
+
+
+class DraftPolicy(SequencePolicy):
+    """A child: decode the draft answer; optionally speculate it from earlier drafts."""
+
+    def __init__(self, owner: "SSRPolicy", draft: Draft, earlier: list[Draft]) -> None:
+        self.owner = owner
+        self.draft = draft
+        self.proposer: SuffixProposer | None = None
+        usable = [d for d in earlier if d.tokens] if owner.config.speculate_drafts else []
+        if owner.config.speculate_thinking:
+            # The draft runs only until the parent ends thinking, and thinking-phase
+            # speculation ends it sooner: the draft is speculated from its own context too
+            # (the answer copies the CoT), so it gets as far in fewer steps.
+            self.proposer = SuffixProposer(owner.config.suffix.to_config(index_context=True))
+        elif usable:
+            self.proposer = SuffixProposer(_UNCAPPED)
+        for d in usable:
+            self.proposer.add_source(f"draft:{d.index}", d.source)
+
+    def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        if self.proposer is None:
+            return None
+        return self.proposer.propose(seq.token_ids, max_tokens)
+
+    def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
+        self._sync(seq)
+
+    def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
+        self._sync(seq)
+        self.owner.on_draft_finished(self.draft)
+
+    def _sync(self, seq: "Sequence") -> None:
+        # Append only what is new: this runs on every draft step (per-token path).
+        have = len(self.draft.tokens)
+        self.draft.tokens.extend(seq.token_ids[seq.prompt_len + have :])
+        if seq.record_probs:
+            self.draft.probs = seq.sampled_probs  # the engine's list, grown in place
+
+
+class SSRPolicy(ThinkingPolicy):
+    """The parent's policy: when to fork, what to propose, what to report."""
+
+    def __init__(
+        self,
+        config: "SSRConfig",
+        fmt: ThinkingFormat | None,
+        limits: ThinkingLimits | None,
+        *,
+        thinking: bool = True,
+        global_history: GlobalSuffixHistory | None = None,
+    ) -> None:
+        history = global_history if "global" in config.suffix_sources else None
+        # Thinking-phase speculation (config.speculate_thinking) is the base policy's own
+        # proposer (SuffixDecoding over prompt + output), used here in the thinking phase only.
+        think_proposer = SuffixProposer(config.suffix.to_config(index_context=True)) if config.speculate_thinking else None
+        super().__init__(fmt, limits, thinking=thinking, proposer=think_proposer, history=history)
+        self.config = config
+        self.budgets = config.budgets_up_to(self.limits.cot_cap) if self.thinking else []
+        self.drafts: list[Draft] = []
+        self.global_history = global_history if "global" in config.suffix_sources else None
+        self.stage = "thinking"  # thinking -> prefix -> suffix -> plain
+        self.suffix_proposer: SuffixProposer | None = None
+        self.verified_draft: Draft | None = None
+        self.fork_failures = 0
+        # acceptance bookkeeping
+        self.accepted_prefix = 0
+        self.suffix_accepted = 0
+        self.answer_verify_steps = 0
+        self.answer_forwards = 0
+        self._pending_stage: str | None = None
+        self._acc_before = 0
+        self._last_len = 0
+        self.prefix_cursor = 0
+        self.prefix_start = 0
+        self.prefix_source: list[int] = []
+        self._prefix_chunk = config.prefix_chunk_start
+        self._suffix_fail_streak = 0  # consecutive suffix proposals with nothing accepted
+        self._suffix_skip = 0  # answer steps left before the next suffix proposal
+        self.suffix_skipped_steps = 0
+        # CoT proposals never cross an end-of-thinking token (see _thinking_proposal).
+        self._end_token_ids: frozenset[int] = frozenset()
+        if self.proposer is not None and self.thinking:
+            variants = fmt.end_variants or (fmt.end_ids,)
+            self._end_token_ids = frozenset(t for variant in variants for t in variant) | frozenset(fmt.close_ids)
+        self.thinking_verify_steps = 0
+        self._thinking_pending = False
+
+    # ------------------------------------------------------------------ proposing
+    def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        if self.phase != "answer":
+            return self._thinking_proposal(engine, seq, max_tokens)
+        room = min(max_tokens, self._room_in_phase())
+        if room <= 0:
+            return None
+        self._acc_before = seq.stats.accepted_tokens
+        self._pending_stage = None
+        if self.stage == "prefix":
+            proposal = self._prefix_proposal(room)
+            if proposal is not None:
+                self._pending_stage = "prefix"
+                self._last_len = len(proposal.tokens)
+                return proposal
+            self._leave_prefix()
+        if self.stage == "suffix" and self.suffix_proposer is not None:
+            if self._suffix_skip > 0:
+                self._suffix_skip -= 1
+                self.suffix_skipped_steps += 1
+                return None
+            proposal = self.suffix_proposer.propose(seq.token_ids, room)
+            if proposal.tokens:
+                self._pending_stage = "suffix"
+                self._last_len = len(proposal.tokens)
+                return proposal
+        return None
+
+    def _thinking_proposal(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        """CoT tokens from SuffixDecoding over prompt + output, cut before any token of the
+        end-of-thinking marker: the marker then always arrives in a plain step (or as a
+        verify's own token, with nothing after it), so `on_thinking_closed` sees a context
+        that ends with it."""
+        self._thinking_pending = False
+        proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
+        if proposal is None:
+            return None
+        tokens = proposal.tokens
+        for i, token in enumerate(tokens):
+            if token in self._end_token_ids:
+                tokens = tokens[:i]
+                break
+        if not tokens:
+            return None
+        self._thinking_pending = True
+        return Proposal(tokens)  # deterministic: verified as a one-hot draft
+
+    def _prefix_proposal(self, room: int) -> Proposal | None:
+        """The verified draft's next run, from the cursor (chunked by the engine's cap)."""
+        draft = self.verified_draft
+        source = self.prefix_source
+        start = self.prefix_cursor
+        if start >= len(source):
+            return None
+        tokens = source[start : start + min(room, self._prefix_chunk)]
+        probs = None
+        if self.config.use_draft_probs and draft.probs:
+            probs = self._draft_prob_rows(draft, start, len(tokens))
+        return Proposal(tokens, probs)
+
+    def _draft_prob_rows(self, draft: Draft, start: int, n: int) -> torch.Tensor:
+        """q for each proposed token: one-hot on the forced anchor, the child's own rows after."""
+        rows = []
+        anchor = len(draft.anchor)
+        vocab = draft.probs[0].shape[-1]
+        for i in range(start, start + n):
+            if i < anchor or i - anchor >= len(draft.probs):
+                row = torch.zeros(vocab, device=draft.probs[0].device)
+                row[self.prefix_source[i]] = 1.0
+            else:
+                row = draft.probs[i - anchor]
+            rows.append(row)
+        return torch.stack(rows)
+
+    # ------------------------------------------------------------------ reacting
+    def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
+        if self._thinking_pending:
+            self.thinking_verify_steps += 1
+            self._thinking_pending = False
+        if self.phase == "answer":
+            self.answer_forwards += 1
+            accepted = seq.stats.accepted_tokens - self._acc_before
+            if self._pending_stage is not None:
+                self.answer_verify_steps += 1
+            if self._pending_stage == "prefix":
+                self._advance_prefix(accepted, new_tokens)
+            elif self._pending_stage is None and self.stage == "prefix":
+                self._follow_plain_step(new_tokens)
+            elif self._pending_stage == "suffix":
+                self.suffix_accepted += accepted
+                self._back_off(accepted)
+            self._pending_stage = None
+        self._consume(engine, seq)
+        if seq.is_finished or self.phase != "thinking":
+            return
+        while self.budgets and self.metrics.cot_tokens >= self.budgets[0]:
+            self.budgets.pop(0)
+            self._fork(engine, seq)
+
+    def _back_off(self, accepted: int) -> None:
+        """Exponential back-off of suffix proposals while they keep failing (see SSRConfig)."""
+        if accepted > 0 or self.config.suffix_backoff_max == 0:
+            self._suffix_fail_streak = 0
+            return
+        self._suffix_fail_streak += 1
+        self._suffix_skip = min(1 << min(self._suffix_fail_streak - 1, 20), self.config.suffix_backoff_max)
+
+    def _follow_plain_step(self, new_tokens: list[int]) -> None:
+        """A step without a proposal in the prefix stage (the engine feeds the forced end-of-thinking
+        marker in a plain step, as plain decoding does): the model's own tokens move the cursor while
+        they continue the draft; the first that does not ends the prefix stage."""
+        source = self.prefix_source
+        for token in new_tokens:
+            if self.prefix_cursor < len(source) and token == source[self.prefix_cursor]:
+                self.prefix_cursor += 1
+            else:
+                self._leave_prefix()
+                return
+
+    def _advance_prefix(self, accepted: int, new_tokens: list[int]) -> None:
+        """Move the cursor over what the model agreed with; leave at the first disagreement."""
+        source = self.prefix_source
+        self.prefix_cursor += accepted
+        if accepted < self._last_len:
+            self._leave_prefix()
+            return
+        # Fully accepted: the draft is tracking the model, verify a longer run next time.
+        self._prefix_chunk = min(self._prefix_chunk * 2, self.config.prefix_chunk_max)
+        bonus_index = accepted
+        if (
+            bonus_index < len(new_tokens)
+            and self.prefix_cursor < len(source)
+            and new_tokens[bonus_index] == source[self.prefix_cursor]
+        ):
+            self.prefix_cursor += 1  # the model's own next token continues the draft
+        else:
+            self._leave_prefix()
+
+    def on_thinking_closed(self, engine: "Engine", seq: "Sequence") -> None:
+        """The parent's CoT is complete: stop drafting, set up verification."""
+        for draft in self.drafts:
+            if not draft.seq.is_finished:
+                draft.cancelled = True
+                engine.cancel(draft.seq, "parent ended thinking")
+        self.budgets = []
+        usable = [d for d in self.drafts if d.tokens]
+        reuse = self.config.reuse
+        if not usable or reuse == "off":
+            self.stage = "plain"
+            return
+        newest = usable[-1]
+        self.verified_draft = newest
+        self.prefix_source = newest.source  # frozen: the draft was cancelled or had finished
+        if reuse in ("suffix", "prefix+suffix"):
+            self.suffix_proposer = self._make_suffix_proposer(seq, usable)
+        if reuse in ("prefix", "prefix+suffix"):
+            self.prefix_cursor = self._align(seq.token_ids, newest.anchor)
+            self.prefix_start = self.prefix_cursor
+            self.stage = "prefix"
+        else:
+            self.stage = "suffix"
+
+    def _align(self, context: list[int], anchor: list[int]) -> int:
+        """Where in (anchor + draft) the parent's context now stands.
+
+        Closed by force: the context ends with the whole anchor. Closed by the model: it
+        ends with an end marker, so the draft is proposed from just after the anchor's
+        marker (e.g. the blank line, then the answer).
+        """
+        if context[-len(anchor) :] == anchor:
+            return len(anchor)
+        for variant in self.fmt.end_variants or (self.fmt.end_ids,):
+            n = len(variant)
+            for i in range(len(anchor) - n, -1, -1):
+                if tuple(anchor[i : i + n]) == tuple(variant):
+                    return i + n
+        return len(anchor)
+
+    def on_draft_finished(self, draft: Draft) -> None:
+        """A draft ended (EOS, its length cap, or cancelled); nothing to do until thinking ends."""
+
+    def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
+        super().on_finish(engine, seq)
+        if engine is not None:
+            for draft in self.drafts:
+                if not draft.seq.is_finished:
+                    engine.cancel(draft.seq, "parent finished")
+
+    # ------------------------------------------------------------------ internals
+    def _leave_prefix(self) -> None:
+        if self.stage != "prefix":
+            return
+        self.accepted_prefix = self._prefix_matched()
+        self.stage = "suffix" if self.suffix_proposer is not None else "plain"
+
+    def _prefix_matched(self) -> int:
+        """Draft answer tokens the model agreed with (anchor tokens not counted)."""
+        anchor = len(self.verified_draft.anchor)
+        return max(0, self.prefix_cursor - max(anchor, self.prefix_start))
+
+    def _fork(self, engine: "Engine", seq: "Sequence") -> None:
+        if self.config.cancel_older_drafts:
+            for older in self.drafts:
+                if not older.seq.is_finished:
+                    older.cancelled = True
+                    engine.cancel(older.seq, "superseded by a newer draft")
+        params = SamplingParams(
+            max_tokens=self.config.max_draft_len,
+            temperature=seq.params.temperature,
+            top_k=seq.params.top_k,
+            top_p=seq.params.top_p,
+            min_p=seq.params.min_p,
+            seed=None if seq.params.seed is None else seq.params.seed + 7919 * (len(self.drafts) + 1),
+            ignore_eos=seq.params.ignore_eos,
+            stop_token_ids=list(seq.params.stop_token_ids),
+        )
+        anchor = list(self.fmt.close_ids)
+        placeholder = Draft(index=len(self.drafts), cot_tokens=self.metrics.cot_tokens, seq=None, anchor=anchor)  # type: ignore[arg-type]
+        policy = DraftPolicy(self, placeholder, list(self.drafts))
+        child = engine.fork(seq, anchor, params=params, policy=policy)
+        if child is None:
+            self.fork_failures += 1
+            return
+        placeholder.seq = child
+        child.record_probs = self.config.use_draft_probs and not params.greedy
+        self.drafts.append(placeholder)
+
+    def _make_suffix_proposer(self, seq: "Sequence", drafts: list[Draft]) -> SuffixProposer:
+        sources = self.config.suffix_sources
+        index_context = "prompt" in sources or "output" in sources
+        proposer = SuffixProposer(
+            self.config.suffix.to_config(index_context=index_context),
+            global_history=self.global_history,
+        )
+        if "draft" in sources:
+            for d in drafts:
+                proposer.add_source(f"draft:{d.index}", d.source)
+        return proposer
+
+    # ------------------------------------------------------------------ metrics
+    def report(self) -> dict:
+        return {
+            "drafts": len(self.drafts),
+            "draft_tokens": sum(len(d.tokens) for d in self.drafts),
+            "draft_forwards": sum(d.seq.stats.forwards for d in self.drafts),
+            "draft_fork_cot": [d.cot_tokens for d in self.drafts],
+            "fork_failures": self.fork_failures,
+            "suffix_skipped_steps": self.suffix_skipped_steps,
+            "thinking_verify_steps": self.thinking_verify_steps,
+            # A bonus token cut by a cap never became an answer token.
+            "accepted_prefix": min(
+                self._prefix_matched() if self.stage == "prefix" else self.accepted_prefix, self.metrics.answer_tokens
+            ),
+            "suffix_accepted_tokens": self.suffix_accepted,
+            "answer_verify_steps": self.answer_verify_steps,
+            "answer_forwards": self.answer_forwards,
+            "mean_acceptance_length": (self.metrics.answer_tokens / self.answer_forwards) if self.answer_forwards else 0.0,
+            "verified_draft": None if self.verified_draft is None else self.verified_draft.index,
+        }
