@@ -482,7 +482,7 @@ def test_convergence_plot_names_a_device_run_by_its_adapter(tmp_path, monkeypatc
 
     from selfspec_research.thinker.evaluate import plot_convergence
 
-    results = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/thinker_v4/results.json").read_text())
+    results = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/thinker_v4/results.json").read_text())
     assert results["model"].startswith("/tmp/out/")
     titles = []
     original = matplotlib.figure.Figure.suptitle

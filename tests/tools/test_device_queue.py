@@ -11,7 +11,7 @@ import tarfile
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device_queue.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_queue.sh"
 
 
 def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):

@@ -23,7 +23,7 @@ from selfspec.testing.tiny import save_tiny_model_dir
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "scripts/gpu_logit_trace.py"
+    path = Path(__file__).resolve().parents[2] / "scripts/gpu_logit_trace.py"
     spec = importlib.util.spec_from_file_location("gpu_logit_trace", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
