@@ -1,25 +1,36 @@
 """The `LLM` facade: load a model, build prompts, run requests through the engine.
 
 `LLM(model="smollm2").generate(prompts, SamplingParams(...), spec=...)` is the one entry point
-that the CLI, the server and the benchmarks share. A `spec` config (SSR, suffix decoding,
-prompt lookup) only chooses the policy each request's sequence carries; the engine and the
-outputs' shape are the same in every mode, which is what makes side-by-side ratios honest.
+that the CLI, the server and the benchmarks share. A `spec` (one of `selfspec.config.SpecConfig`:
+SSR, suffix decoding, prompt lookup, draft model, CoSpec; or a dict with a `method` key) only
+chooses the policy each request's sequence carries; the engine and the outputs' shape are the
+same in every mode, which is what makes side-by-side ratios honest.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence as Seq
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+from typing import Sequence as Seq
 
 import torch
+from tqdm import tqdm
 
-from selfspec.engine.llm_engine import Engine, EngineConfig, StepEvent
+from selfspec.config import parse_spec
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.llm_engine import Engine, StepEvent
+from selfspec.engine.policy import SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import Sequence
+from selfspec.models import load_model
+from selfspec.models.registry import get_model_entry
+from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.spec.distilled_draft import load_draft_spec
+from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
+from selfspec.spec.suffix import GlobalSuffixHistory
 from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
 from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
-from selfspec.spec.suffix import GlobalSuffixHistory
 
 Prompt = str | list[dict] | list[int]
 
@@ -69,8 +80,6 @@ class LLM:
         draft: str | None = None,
         tokenizer: str | None = None,
     ) -> None:
-        from selfspec.models import load_model
-
         loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir, tokenizer=tokenizer)
         self._from_loaded(
             loaded, engine_config, thinking_format, think_start, think_end, draft,
@@ -96,8 +105,6 @@ class LLM:
         return self
 
     def _from_loaded(self, loaded, engine_config, thinking_format, think_start, think_end, draft, **draft_load) -> None:
-        from selfspec.models.registry import get_model_entry
-
         if thinking_format is None and think_start is None and think_end is None:
             thinking_format = loaded.thinking  # honours a registry entry's marker overrides
         self._init(loaded.model, loaded.tokenizer, engine_config, thinking_format, think_start, think_end)
@@ -135,17 +142,11 @@ class LLM:
         shared weights), "distilled:<dir>" or "layers:N+<dir>" (the same shape with a
         distilled LoRA merged into copies of those layers: `selfspec.spec.distilled_draft`),
         a loaded module, or a model name/path of the same vocabulary."""
-        from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
-
         if isinstance(draft, str) and (draft.startswith("distilled:") or (draft.startswith("layers:") and "+" in draft)):
-            from selfspec.spec.distilled_draft import load_draft_spec
-
             module = load_draft_spec(self.model, draft, compile_backend=self.engine.config.compile_backend)
         elif isinstance(draft, str) and draft.startswith("layers:"):
             module = shallow_draft(self.model, int(draft.split(":", 1)[1]))
         elif isinstance(draft, str):
-            from selfspec.models import load_model
-
             module = load_model(draft, **load_kwargs).model
         else:
             module = draft
@@ -162,7 +163,7 @@ class LLM:
         self.engine = Engine(model, tokenizer, engine_config)
         # Past responses shared by requests that list "global" among their suffix sources.
         self.global_history = GlobalSuffixHistory(max_responses=256)
-        self.draft_runner = None
+        self.draft_runner: DraftModelRunner | None = None
         self.draft_spec: str | None = None
         if thinking_format is None and tokenizer is not None:
             thinking_format = ThinkingFormat.detect(tokenizer, override_start=think_start, override_end=think_end)
@@ -193,26 +194,40 @@ class LLM:
 
     # ------------------------------------------------------------------ generation
     def make_policy(
-        self, spec: Any, limits: ThinkingLimits | None, thinking: bool, params: SamplingParams | None = None
-    ) -> ThinkingPolicy:
-        """The per-request policy: a spec config builds its own, else plain thinking rules."""
-        if spec is not None:
-            return spec.build_policy(self, limits=limits, thinking=thinking, params=params)
-        return ThinkingPolicy(self.thinking_format, limits, thinking=thinking)
+        self,
+        spec: MethodConfig | dict | None,
+        limits: ThinkingLimits | None,
+        thinking: bool,
+        params: SamplingParams | None = None,
+    ) -> SequencePolicy:
+        """The per-request policy: a speculation config builds its own, else plain thinking rules."""
+        if spec is None:
+            return ThinkingPolicy(self.thinking_format, limits, thinking=thinking)
+        context = MethodContext(
+            thinking_format=self.thinking_format,
+            limits=limits,
+            thinking=thinking,
+            params=params or SamplingParams(),
+            device=self.engine.device,
+            global_history=self.global_history,
+            draft_runner=self.draft_runner,
+        )
+        return parse_spec(spec).build(context)
 
     def submit(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         *,
-        spec: Any = None,
+        spec: MethodConfig | dict | None = None,
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
         request_id: str | None = None,
     ) -> Sequence:
         """Queue one request without running the loop (the server and streaming use this)."""
         params = params or SamplingParams()
-        if thinking is None and getattr(spec, "needs_thinking", False):
+        spec = None if spec is None else parse_spec(spec)
+        if thinking is None and spec is not None and spec.needs_thinking:
             thinking = True
         enable = self._thinking_enabled(thinking)
         if limits is not None:
@@ -229,7 +244,7 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         *,
-        spec: Any = None,
+        spec: MethodConfig | dict | None = None,
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
         progress: bool = False,
@@ -253,8 +268,6 @@ class LLM:
     def run_until_done(self, seqs: list[Sequence], *, progress: bool = False, on_event=None) -> None:
         bar = None
         if progress:
-            from tqdm import tqdm
-
             bar = tqdm(total=len(seqs), desc="generate", unit="req")
         done = 0
         while not all(s.is_finished for s in seqs):
@@ -273,7 +286,7 @@ class LLM:
         prompt: Prompt,
         params: SamplingParams | None = None,
         *,
-        spec: Any = None,
+        spec: MethodConfig | dict | None = None,
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
     ) -> Iterator[list[int]]:
@@ -316,8 +329,8 @@ class LLM:
         answer_ids = None
         if isinstance(policy, ThinkingPolicy):
             pm = policy.metrics
-            metrics.update(cot_tokens=pm.cot_tokens, answer_tokens=pm.answer_tokens, thinking_closed_by=pm.thinking_closed_by)
-            metrics.update(policy.report() if hasattr(policy, "report") else {})
+            metrics.update(cot_tokens=pm.cot_tokens, answer_tokens=pm.answer_tokens, thinking_closed_by=pm.thinking_closed_by.value)
+            metrics.update(policy.report())
             if pm.thinking_end_time is not None:
                 timings.thinking = pm.thinking_end_time - seq.arrival_time
                 timings.answer = (seq.finish_time or time.perf_counter()) - pm.thinking_end_time
@@ -372,14 +385,10 @@ def _as_batch(prompts) -> list[Prompt]:
 
 
 def _copy_params(p: SamplingParams) -> SamplingParams:
-    from dataclasses import replace
-
     return replace(p, stop=list(p.stop), stop_token_ids=list(p.stop_token_ids))
 
 
 def _copy_limits(limits: ThinkingLimits | None) -> ThinkingLimits | None:
-    from dataclasses import replace
-
     return None if limits is None else replace(limits)
 
 

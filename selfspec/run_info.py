@@ -1,6 +1,6 @@
 """What ran a result: the device's name and the library versions, written into every record.
 
-Why: GPU results are compared across sessions and machines (the H200 report, training
+Why: GPU results are compared across runs and machines (the H200 report, training
 manifests, CoSpec evals); a number without its device and versions cannot be rerun or
 trusted. One place computes both so every writer says the same thing the same way.
 """
@@ -43,8 +43,8 @@ def source_hash() -> str:
     """A short hash of the selfspec package's Python sources as they ran.
 
     Why: results are made from working trees copied to a GPU machine without git, and one
-    benchmark file may be resumed across sessions by changed code (session 8 changed what a
-    step feeds after a forced end of thinking); the hash tells which records one code made."""
+    benchmark file may be resumed later by changed code (e.g. a change of what a step feeds
+    after a forced end of thinking); the hash tells which records one code made."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
@@ -96,8 +96,8 @@ def gpu_co_tenants(device: torch.device | str) -> int | None:
     """How many other processes use this process's GPU right now; None on a CPU, without
     nvidia-smi, or where the listing cannot tell.
 
-    Why: session 13 ran two benchmark queues on one H200 (one GPU lent) and every forward took
-    1.7-2.1x as long as in session 12, where each queue had its GPU alone: with CUDA graphs the
+    Why: two benchmark queues sharing one H200 made every forward take 1.7-2.1x as long as
+    with each queue on its own GPU: with CUDA graphs the
     engine keeps the GPU busy, and processes time-slice it. Records say whether they ran
     alone, so the report can keep absolute latencies of shared and exclusive runs apart."""
     device = torch.device(device)

@@ -1,4 +1,8 @@
-"""`selfspec` command line: generate, models, demo (and the subcommands other modules add)."""
+"""`selfspec` command line: generate, models, demo, serve (and the commands installed parts add).
+
+The commands import the engine inside their bodies on purpose: `selfspec --help` and a
+mistyped flag answer without loading torch and transformers (seconds on a small machine).
+"""
 
 from __future__ import annotations
 
@@ -96,16 +100,16 @@ def generate(
         limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap)
         limits.validate()
         if ssr:
-            from selfspec.spec.ssr_config import SSRConfig
+            from selfspec.spec.ssr import SSRConfig
 
             sources = ["draft", "prompt", "output"] if speculate_thinking else ["draft"]
             spec = SSRConfig(draft_budgets=list(draft_budget) or [100], draft_interval=draft_interval, max_draft_len=max_draft,
                              reuse=reuse, speculate_thinking=speculate_thinking, suffix_sources=sources)
             think = True
         elif suffix_decoding or prompt_lookup:
-            from selfspec.spec.baselines import SpeculationConfig
+            from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 
-            spec = SpeculationConfig(method="ngram" if prompt_lookup else "suffix")
+            spec = (PromptLookupConfig() if prompt_lookup else SuffixDecodingConfig())
     except (InvalidSamplingParams, ValueError, ValidationError) as exc:
         _fail(str(exc))
     try:

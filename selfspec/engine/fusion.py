@@ -68,11 +68,9 @@ def deterministic_inductor() -> dict[str, bool]:
     over configs with different block sizes and warp counts, picking the fastest *measured*
     on the first call — and those configs sum in different orders, so a decode step (one
     token; dynamo specialises sizes of 1) and a verify step could round a row differently,
-    per process. That was the suspect for the bf16 exact-match drop of H200 session 6; session
-    7 measured it and found no difference on the H200 with torch 2.11 (decode and verify
-    logits bitwise equal with the mode on and off; HumanEval runs exact either way). It stays
-    on because it costs nothing measurable and rules the mechanism out on other torch
-    versions and GPUs. `batch_invariant` (newer torch) also keeps a row's kernel the same for
+    per process. Measured on the H200 with torch 2.11, decode and verify logits are bitwise
+    equal with the mode on and off; it stays on because it costs nothing measurable and rules
+    the mechanism out on other torch versions and GPUs. `batch_invariant` (newer torch) also keeps a row's kernel the same for
     every batch size. `SELFSPEC_INDUCTOR_DETERMINISTIC=0` leaves inductor alone (diagnostics).
     Returns the settings applied (empty when none).
     """

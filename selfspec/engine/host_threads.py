@@ -6,8 +6,8 @@ pool (one thread per core by default), and a parallel region finishes only when 
 worker has run: when other processes keep the cores busy (two queues on one machine, a
 scorer subprocess), each region waits for descheduled workers. Measured here, a
 CoSpec arbitration state built on the host (~20 ops on [576, 576] tensors) took 1.4 ms on
-one thread and 112 ms on two threads beside one busy process; on the H200 machine
-(session 5) each arbitration cost ~130 ms and the GPU sat at 1%. One thread is the default
+one thread and 112 ms on two threads beside one busy process; on the H200 machine each
+arbitration cost ~130 ms and the GPU sat at 1%. One thread is the default
 on a GPU; `SELFSPEC_HOST_THREADS=N` sets N, `SELFSPEC_HOST_THREADS=keep` leaves torch's
 setting alone. CPU inference keeps every thread: there the model itself runs on them.
 """

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache
+from selfspec.engine import slot_attention
 
 
 @dataclass
@@ -159,8 +160,6 @@ class SlotKVCache(Cache):
         v_buf[r.write_slots, :, r.write_positions] = value_states.transpose(1, 2).to(v_buf.dtype)
         if r.direct:
             # Whole buffers out; the attention function takes this step's routing from here.
-            from selfspec.engine import slot_attention
-
             layer = self.layers[layer_idx]
             slot_attention.set_pending(r.read_slots, r.positions, r.key_length, layer.sliding_window, k_buf)
             return k_buf, v_buf

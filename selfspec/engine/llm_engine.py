@@ -11,74 +11,25 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.fusion import compile_pointwise_modules
+from selfspec.engine.host_threads import limit_host_threads
+from selfspec.engine.kv_cache import SlotKVCache
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.static_forward import GraphBuckets
-from selfspec.engine.policy import SequencePolicy
+from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
-from selfspec.engine.host_threads import limit_host_threads
-from selfspec.spec.base import Proposal
-from selfspec.engine.verify import VerifyResult
-from selfspec.engine.verify import (
-    verify_greedy,
-    verify_rejection_deterministic,
-    verify_rejection_with_draft_probs,
-)
+from selfspec.engine.verify import VerifyResult, verify_proposal
 
 
 class PromptTooLongError(ValueError):
     """The prompt does not fit the engine's context."""
-
-
-@dataclass
-class EngineConfig:
-    """Sizing and batching knobs. Defaults suit a small model on a CPU."""
-
-    num_slots: int = 8  # 0: as many as `memory_fraction` of free memory holds (at most 256)
-    memory_fraction: float = 0.5
-    max_len: int | None = None  # None: min(model context, 4096)
-    clamp_max_len: bool = False  # a max_len beyond the model's context is cut to it (else an error)
-    prefill_chunk: int = 512
-    max_prefill_tokens_per_step: int = 1024
-    max_padding_ratio: float | None = None  # None: 1.5 on CPU (padding costs compute), 16 on GPU
-    key_length_bucket: int = 32
-    # Long drafts are verified in chunks of this many proposals (static forwards: at most the
-    # largest token bucket less the pending token, so a verify chunk never runs eagerly).
-    max_proposal_tokens: int = 64
-    # CUDA graphs for decode/verify steps (None: on when the model is on a CUDA device).
-    cuda_graphs: bool | None = None
-    # Static-shape forwards without capture: the graph path's bucketing on any device (tests).
-    static_shapes: bool = False
-    graph_buckets: GraphBuckets = field(default_factory=GraphBuckets)
-    # torch.compile the pointwise pieces (norms, MLP activation, rotary) before capture
-    # (None: on with CUDA graphs). Fewer, fused kernels per step.
-    compile_pointwise: bool | None = None
-    # Read the slot cache in place with a Triton kernel in static forwards (None: with CUDA graphs).
-    slot_attention: bool | None = None
-    compile_backend: str = "inductor"  # "aot_eager" checks the fused path without a compiler (tests)
-    # Static forwards: padded-minus-real tokens one replay may carry before rows are split
-    # into another replay (a long verify chunk must not pad every decode row to its length).
-    static_padding_budget: int = 128
-
-    def validate(self) -> None:
-        if self.num_slots < 0:
-            raise ValueError(f"num_slots must be >= 1 (or 0 for 'from free memory'), got {self.num_slots}")
-        if not 0.0 < self.memory_fraction <= 0.95:
-            raise ValueError(f"memory_fraction must be in (0, 0.95], got {self.memory_fraction}")
-        if self.max_len is not None and self.max_len < 2:
-            raise ValueError(f"max_len must be >= 2, got {self.max_len}")
-        if self.prefill_chunk < 1 or self.max_prefill_tokens_per_step < 1:
-            raise ValueError("prefill_chunk and max_prefill_tokens_per_step must be >= 1")
-        if self.max_proposal_tokens < 1:
-            raise ValueError("max_proposal_tokens must be >= 1")
-        if self.static_padding_budget < 0:
-            raise ValueError(f"static_padding_budget must be >= 0, got {self.static_padding_budget}")
 
 
 @dataclass
@@ -127,8 +78,6 @@ class Engine:
         if compile_pointwise is None:
             compile_pointwise = graphs
         if compile_pointwise:
-            from selfspec.engine.fusion import compile_pointwise_modules
-
             compile_pointwise_modules(model, backend=self.config.compile_backend)
         self.runner = ModelRunner(
             model,
@@ -283,6 +232,8 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[StepEvent]:
+        """Schedule, run one batched forward, commit; then let each policy react. Returns what
+        each sequence committed (for streaming)."""
         plan = self.scheduler.schedule()
         if not plan:
             return []
@@ -291,8 +242,8 @@ class Engine:
         # Proposals ride only on a decode step (one pending token). A step that still feeds a prompt's
         # tail or forced tokens (an end-of-thinking marker) runs exactly as in plain decoding, so those
         # tokens' K/V come from a forward of the baseline's own shape: in bf16 a forward of another
-        # length rounds differently (session 8: prompt lookup's first forward, prompt + proposal, gave
-        # every later logit of a CPU bf16 run other bits). Speculation resumes one step later.
+        # length rounds differently, and every later logit would carry other bits. Speculation
+        # resumes one step later.
         grouped = self._grouped_proposals([seq for seq, take in plan if len(seq.token_ids) - seq.num_cached == 1])
         for seq, take in plan:
             pending = len(seq.token_ids) - seq.num_cached
@@ -308,26 +259,25 @@ class Engine:
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal))
-        logits = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _ in work])
-        argmax, shapes = self.runner.last_argmax, self.runner.last_shapes
+        forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _ in work])
         self.steps += 1
-        events: list[StepEvent] = []
-        for (seq, fed, proposal), chunk, row_logits, row_argmax, shape in zip(work, chunks, logits, argmax, shapes):
+        events: list[tuple[StepEvent, StepOutcome]] = []
+        for i, ((seq, fed, proposal), chunk) in enumerate(zip(work, chunks)):
             if seq.is_finished:  # cancelled by a policy earlier in this loop
                 continue
             if chunk.num_logits == 0:
                 seq.num_cached += fed
                 seq.stats.prefill_forwards += 1
                 continue
-            new_tokens = self._commit(seq, fed, proposal, row_logits, row_argmax, shape)
-            events.append(StepEvent(seq, new_tokens, seq.is_finished))
+            outcome = self._commit(seq, fed, proposal, forward.logits[i], forward.argmax[i], forward.shapes[i])
+            events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
         # Policies react after every row is committed, so a fork sees a consistent engine.
-        for event in events:
+        for event, outcome in events:
             seq = event.seq
-            if seq.policy is not None and not seq.is_finished and event.new_tokens:
-                seq.policy.on_tokens(self, seq, event.new_tokens)
+            if seq.policy is not None and not seq.is_finished and outcome.committed:
+                seq.policy.on_step(self, seq, outcome)
             event.finished = seq.is_finished
-        return events
+        return [event for event, _ in events]
 
     def _proposal_room(self, seq: Sequence) -> int:
         return min(
@@ -337,13 +287,12 @@ class Engine:
         )
 
     def _proposal_cap(self) -> int:
-        """Proposals per verify step (fixed for the engine's life; set once in __init__): `max_proposal_tokens`, and with static forwards no more than
-        the largest token bucket holds beside the pending token.
+        """Proposals per verify step (fixed for the engine's life): `max_proposal_tokens`, and with
+        static forwards no more than the largest token bucket holds beside the pending token.
 
         Why: a verify chunk one token longer than the largest bucket (pending + 64 proposals = 65)
-        ran eagerly — on a GPU a forward with Python overhead instead of a graph replay, and
-        transformers' attention instead of the slot kernel, so other bf16 bits than decode's
-        (session 9: an SSR prefix verify of a long accepted draft, `eager 1x65`)."""
+        would run eagerly — on a GPU a forward with Python overhead instead of a graph replay, and
+        transformers' attention instead of the slot kernel, so other bf16 bits than decode's."""
         static = self.runner.static
         if static is None:
             return self.config.max_proposal_tokens
@@ -363,8 +312,7 @@ class Engine:
         sequence). Groups of one are left to `_proposal_for` (the same call)."""
         groups: dict[object, list[tuple[Sequence, int]]] = {}
         for seq in seqs:
-            grouping = getattr(seq.policy, "proposal_group", None)  # duck-typed policies may lack it
-            key = grouping() if grouping is not None else None
+            key = seq.policy.proposal_group() if seq.policy is not None else None
             room = self._proposal_room(seq) if key is not None else 0
             if room > 0:
                 groups.setdefault(key, []).append((seq, room))
@@ -383,10 +331,10 @@ class Engine:
         fed: int,
         proposal: Proposal | None,
         logits: torch.Tensor | None,
-        argmax: list[int] | None = None,
-        shape: str = "",
-    ) -> list[int]:
-        """Sample or verify, append, check stops. Returns the tokens appended.
+        argmax: list[int] | None,
+        shape: str,
+    ) -> StepOutcome:
+        """Sample or verify, append, check stops; say what happened.
 
         `argmax` is the runner's greedy token per logits row, already on the host (one
         transfer per forward instead of one per sequence).
@@ -395,15 +343,13 @@ class Engine:
         seq.stats.forwards += 1
         probs = None if params.greedy else processed_probs(logits, params)
         if proposal is None:
-            if probs is None:
-                token = argmax[0] if argmax is not None else int(logits[0].argmax())
-            else:
-                token = sample_from(probs[0], seq.generator)
+            token = argmax[0] if probs is None else sample_from(probs[0], seq.generator)
             result = VerifyResult(0, token)
         else:
-            result = seq.policy.verify(self, seq, logits, proposal) if seq.policy is not None else None
-            if result is None:
-                result = self._verify(seq, logits, probs, proposal, argmax)
+            if seq.policy is not None and seq.policy.custom_verify:
+                result = seq.policy.verify(self, seq, logits, proposal)
+            else:
+                result = verify_proposal(proposal, argmax=argmax, probs=probs, generator=seq.generator)
             seq.stats.verify_steps += 1
             seq.stats.proposed_tokens += len(proposal.tokens)
             seq.stats.accepted_tokens += result.num_accepted
@@ -416,21 +362,7 @@ class Engine:
         seq.num_cached = min(valid_kv, len(seq.token_ids) - 1)
         if seq.first_token_time is None and appended:
             seq.first_token_time = time.perf_counter()
-        return appended
-
-    def _verify(
-        self,
-        seq: Sequence,
-        logits: torch.Tensor,
-        probs: torch.Tensor | None,
-        proposal: Proposal,
-        argmax: list[int] | None = None,
-    ) -> VerifyResult:
-        if probs is None:
-            return verify_greedy(argmax if argmax is not None else logits.argmax(dim=-1), proposal.tokens)
-        if proposal.draft_probs is not None:
-            return verify_rejection_with_draft_probs(probs, proposal.tokens, proposal.draft_probs, seq.generator)
-        return verify_rejection_deterministic(probs, proposal.tokens, seq.generator)
+        return StepOutcome(proposal, result.num_accepted, tuple(appended))
 
     def _append_checked(self, seq: Sequence, tokens: list[int]) -> list[int]:
         params = seq.params
@@ -471,7 +403,7 @@ def _trimmed(proposal: Proposal | None, room: int) -> Proposal | None:
         return None
     if len(proposal.tokens) > room:
         probs = proposal.draft_probs[:room] if proposal.draft_probs is not None else None
-        proposal = Proposal(proposal.tokens[:room], probs)
+        proposal = Proposal(proposal.tokens[:room], probs, proposal.source)
     return proposal
 
 
@@ -480,14 +412,11 @@ def _needs_logits(seq: Sequence) -> bool:
     Greedy rows otherwise use the runner's argmax alone."""
     if not seq.params.greedy or seq.record_probs:
         return True
-    policy = seq.policy
-    return policy is not None and getattr(type(policy), "verify", None) is not SequencePolicy.verify
+    return seq.policy is not None and seq.policy.custom_verify
 
 
 def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: float, cap: int = 256) -> int:
     """How many KV slots of `max_len` fit in `fraction` of the device's free memory."""
-    from selfspec.engine.kv_cache import SlotKVCache
-
     dtype = next(model.parameters()).dtype
     per_slot = SlotKVCache.bytes_per_slot(model.config, max_len, dtype)
     if device.type == "cuda":

@@ -34,6 +34,23 @@ class Chunk:
     num_logits: int  # logits wanted for the last `num_logits` tokens (0: none)
 
 
+@dataclass
+class ForwardResult:
+    """What one `ModelRunner.run` computed, per chunk (index-aligned with the chunks).
+
+    logits: [num_logits, V] float32, or None (no logits asked, or skipped by `want_logits`).
+    argmax: the greedy token at each logits position, already on the host (one device-to-host
+      copy per forward serves every row's greedy commit and verification).
+    shapes: the forward shape that computed the chunk ("2x8/k2048": batch rows x tokens per row
+      / key length, as padded; "eager ..." without static forwards). In bf16 kernels of different
+      shapes may round a row differently, so records keep which shape chose each token.
+    """
+
+    logits: list[torch.Tensor | None]
+    argmax: list[list[int] | None]
+    shapes: list[str]
+
+
 class ModelRunner:
     """Runs the transformers model over slot-cached, mixed-length chunks."""
 
@@ -84,12 +101,6 @@ class ModelRunner:
         self.fused_pointwise = fused_pointwise  # use the compiled twins (engine.fusion) in forwards
         self.forwards = 0
         self.eager_forwards = 0
-        self.last_argmax: list[list[int] | None] = []
-        # Per chunk of the last `run`: the forward shape that computed it ("2x8/k2048": batch rows x
-        # tokens per row / key length, padded as run; "eager ..." without static forwards). In bf16
-        # the kernels of different shapes may round a row differently: this says which shape a
-        # token came from when a lossless mode leaves the baseline (bench records).
-        self.last_shapes: list[str] = []
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
         self._eager_key_length_used = 0  # the last eager forward's key length (its label)
         if capture_graphs and self.device.type != "cuda":
@@ -103,11 +114,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk], want_logits: list[bool] | None = None) -> list[torch.Tensor | None]:
-        """Run every chunk; return, per chunk, logits [num_logits, V] (float32) or None.
+    def run(self, chunks: list[Chunk], want_logits: list[bool] | None = None) -> ForwardResult:
+        """Run every chunk; return per chunk its logits, greedy tokens and forward shape.
 
         `want_logits[i] = False` skips copying chunk i's logits out (greedy rows need only
-        `last_argmax`): one kernel launch and allocation less per row and step.
+        the argmax): one kernel launch and allocation less per row and step.
         """
         for c in chunks:
             end = c.start + len(c.token_ids)
@@ -115,19 +126,12 @@ class ModelRunner:
                 raise ValueError("empty chunk")
             if end > self.max_len:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
-        results: list[torch.Tensor | None] = [None] * len(chunks)
-        argmax: list[list[int] | None] = [None] * len(chunks)
-        self.last_shapes = [""] * len(chunks)
+        out = ForwardResult([None] * len(chunks), [None] * len(chunks), [""] * len(chunks))
         with fused() if self.fused_pointwise else contextlib.nullcontext():
-            return self._run_groups(chunks, results, argmax, want_logits)
+            self._run_groups(chunks, out, want_logits)
+        return out
 
-    def _run_groups(
-        self,
-        chunks: list[Chunk],
-        results: list[torch.Tensor | None],
-        argmax: list[list[int] | None],
-        want_logits: list[bool] | None,
-    ) -> list[torch.Tensor | None]:
+    def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
         for group in self._group(chunks):
             group_chunks = [chunks[i] for i in group]
             shape = self.static.shape_for(group_chunks) if self.static is not None else None
@@ -142,7 +146,7 @@ class ModelRunner:
                 self.eager_forwards += 1
                 label = f"eager {logits.shape[0]}x{max(len(c.token_ids) for c in group_chunks)}/k{self._eager_key_length_used}"
             for i in group:
-                self.last_shapes[i] = label
+                out.shapes[i] = label
             self.forwards += 1
             width = logits.shape[1]
             # One device-to-host copy per forward: the greedy tokens of every row. It also
@@ -153,10 +157,8 @@ class ModelRunner:
                 if n > 0:
                     if want_logits is None or want_logits[i]:
                         # A copy: static forwards share their output buffer across steps.
-                        results[i] = logits[row, width - n :].to(torch.float32, copy=True)
-                    argmax[i] = top_host[row, width - n :].tolist()
-        self.last_argmax = argmax
-        return results
+                        out.logits[i] = logits[row, width - n :].to(torch.float32, copy=True)
+                    out.argmax[i] = top_host[row, width - n :].tolist()
 
     def warm_up_graphs(self, batch_sizes: list[int], token_counts: list[int], max_cached: int, progress=None) -> float:
         """Build the static forwards for these shapes (every key bucket up to `max_cached`).

@@ -1,28 +1,79 @@
-"""The hooks through which policies (SSR, suffix decoding, CoSpec...) steer sequences.
+"""The contract between the engine and a request's speculation method.
 
-The engine never asks "which mode am I in": each sequence may carry a policy object, and
-the engine calls it at three points of a step. A policy that does nothing leaves plain
-decoding, which is what the base class does.
+The engine owns sequences, slots and forwards; a policy owns one sequence's speculation
+state (SSR, suffix decoding, prompt lookup, a draft model, CoSpec). Per step the engine:
+
+1. asks `propose(engine, seq, max_tokens)` for tokens to verify after the pending token
+   (or `propose_many` once for every sequence of one `proposal_group`, e.g. one draft model);
+2. runs one batched forward and verifies the proposal in `engine.verify` (or the policy's own
+   `verify`, which only a lossy method such as CoSpec overrides);
+3. reports back with `on_step(engine, seq, outcome)`: what was proposed, how much of it was
+   accepted and which tokens were committed, so no policy rebuilds that from counters;
+4. calls `on_finish` once when the sequence ends, is cancelled or fails.
+
+A policy may fork children, append forced tokens, truncate or cancel through the engine's
+public methods from these hooks. The engine never asks which method it runs: a policy that
+overrides nothing is plain decoding.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
-
-from selfspec.spec.base import Proposal
-from selfspec.engine.verify import VerifyResult
 
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine
     from selfspec.engine.sequence import Sequence
+    from selfspec.engine.verify import VerifyResult
+
+
+@dataclass
+class Proposal:
+    """Tokens a method proposes to follow the sequence's pending token.
+
+    `draft_probs` is set only by proposers that *sample* their tokens (a draft model): row i is
+    the distribution token i was drawn from, which lossless rejection sampling needs.
+    Deterministic proposers (suffix, n-gram, SSR's draft) leave it None: a one-hot draft.
+    `source` names what produced the tokens (e.g. SSR's "prefix" or "suffix" stage); the engine
+    hands it back in the `StepOutcome`, so the method knows what the verdict is about.
+    """
+
+    tokens: list[int]
+    draft_probs: torch.Tensor | None = None
+    source: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one engine step did to one sequence, as the policy's hooks receive it.
+
+    proposal: what was verified this step (None: a plain decode step).
+    accepted: proposal tokens accepted by verification (0 without a proposal).
+    committed: tokens appended to the sequence this step (accepted prefix + the verifier's next
+      token), cut at the first stop condition; a policy's cap may truncate them afterwards.
+    """
+
+    proposal: Proposal | None
+    accepted: int
+    committed: tuple[int, ...]
+
+    @property
+    def proposed(self) -> int:
+        return 0 if self.proposal is None else len(self.proposal.tokens)
 
 
 class SequencePolicy:
-    """Default: plain decoding, no speculation, no forks."""
+    """Base policy: plain decoding, no speculation, no forks. Methods override the hooks."""
 
-    def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+    # True when `verify` is overridden: the engine then copies this row's logits to the host.
+    custom_verify: ClassVar[bool] = False
+
+    def propose(self, engine: Engine, seq: Sequence, max_tokens: int) -> Proposal | None:
         """Tokens to verify in this step after the sequence's pending token (None: plain decode)."""
         return None
 
@@ -33,18 +84,16 @@ class SequencePolicy:
         return None
 
     @staticmethod
-    def propose_many(engine: "Engine", items: "list[tuple[Sequence, int]]") -> list[Proposal | None]:
+    def propose_many(engine: Engine, items: list[tuple[Sequence, int]]) -> list[Proposal | None]:
         """Proposals for (sequence, max_tokens) pairs of one `proposal_group` key."""
         return [seq.policy.propose(engine, seq, room) for seq, room in items]
 
-    def verify(
-        self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
-    ) -> VerifyResult | None:
-        """Custom verification (e.g. an arbitrator); None uses the engine's exact verifier."""
-        return None
+    def verify(self, engine: Engine, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
+        """Custom verification (lossy methods only; set `custom_verify = True`)."""
+        raise NotImplementedError("only policies with custom_verify = True verify by themselves")
 
-    def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
-        """Called after tokens were committed to `seq` (not called once it finished)."""
+    def on_step(self, engine: Engine, seq: Sequence, outcome: StepOutcome) -> None:
+        """Called after a step committed tokens to `seq` (not called once it finished)."""
 
-    def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
+    def on_finish(self, engine: Engine, seq: Sequence) -> None:
         """Called once when `seq` finishes, is cancelled or fails."""

@@ -78,7 +78,7 @@ class Sequence:
     # token was drawn from, so a draft can later be verified with its own probabilities.
     record_probs: bool = False
     sampled_probs: list[torch.Tensor] = field(default_factory=list)
-    # One entry per output token: the forward shape whose logits chose it (ModelRunner.last_shapes),
+    # One entry per output token: the forward shape whose logits chose it (`ForwardResult.shapes`),
     # "forced" for tokens a policy appended. Kept aligned by the engine's append/truncate; a
     # diagnostic for bf16 near-ties (which shape rounded differently), not used for decisions.
     output_shapes: list[str] = field(default_factory=list)
@@ -102,8 +102,3 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
-
-    @property
-    def in_prefill(self) -> bool:
-        """True while more than the last token is still to be fed (prompt or forced tokens)."""
-        return len(self.token_ids) - self.num_cached > 1

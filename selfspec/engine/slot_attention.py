@@ -119,9 +119,8 @@ if HAVE_TRITON:
         # not depend on how many (empty) splits its forward's key bucket had. A reduction
         # over `tl.arange(0, SPLITS)` compiled per bucket; its layout (and where fp fusion
         # put an fma) changed with SPLITS, which rounded a position that a verify chunk wrote
-        # under a larger bucket than decode did differently in bf16 (H200 session 10:
-        # HumanEval/42's first differing K/V at position 1022, written with 4 splits against
-        # decode's 2). Empty splits come last (keys beyond the position) or first (before a
+        # under a larger bucket than decode did differently in bf16 (on the H200, HumanEval/42's
+        # first differing K/V sat at position 1022, written with 4 splits against decode's 2). Empty splits come last (keys beyond the position) or first (before a
         # sliding window) and add exactly zero.
         row = tl.program_id(0)
         head = tl.program_id(1)

@@ -22,11 +22,12 @@ the accepted count and once for the emitted token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from selfspec.spec.base import Proposal
+if TYPE_CHECKING:
+    from selfspec.engine.policy import Proposal
 
 
 @dataclass
@@ -107,55 +108,31 @@ def verify_rejection_deterministic(
     return VerifyResult(num_accepted=accepted, next_token=_sample_or_fallback(residual, target_probs[accepted], generator))
 
 
-# ------------------------------------------------------------------- one interface
+# ------------------------------------------------------------------- the one entry
 
 
-@runtime_checkable
-class Verifier(Protocol):
-    """What a policy calls with the target's output for a k-token proposal.
+def verify_proposal(
+    proposal: Proposal,
+    *,
+    argmax: Sequence[int] | torch.Tensor | None,
+    probs: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Verify a proposal the way its request decodes; the engine's only verification call.
 
-    `target` is [k+1, V]: raw logits suffice when `needs_probs` is False (greedy;
-    a precomputed [k+1] argmax is accepted too), otherwise the processed sampling
-    distribution.
+    Greedy (`probs` None): exact match against the target's argmax at the k+1 positions.
+    Sampling: rejection sampling with the draft's own distributions when the proposal carries
+    them (a draft model), else as a one-hot draft (suffix, n-gram, SSR drafts without probs).
     """
-
-    needs_probs: bool
-
-    def verify(
-        self, target: torch.Tensor, proposal: Proposal, generator: torch.Generator | None = None
-    ) -> VerifyResult: ...
-
-
-class GreedyVerifier:
-    """Exact-match verification for greedy decoding (temperature 0)."""
-
-    needs_probs = False
-
-    def verify(
-        self, target: torch.Tensor, proposal: Proposal, generator: torch.Generator | None = None
-    ) -> VerifyResult:
-        argmax = target if target.dim() == 1 else target.argmax(dim=-1)
+    if probs is None:
+        if argmax is None:
+            raise ValueError("greedy verification needs the target's argmax")
         return verify_greedy(argmax, proposal.tokens)
-
-
-class RejectionVerifier:
-    """Lossless verification for sampling: with the draft's probabilities when it has them."""
-
-    needs_probs = True
-
-    def verify(
-        self, target: torch.Tensor, proposal: Proposal, generator: torch.Generator | None = None
-    ) -> VerifyResult:
-        if generator is None:
-            raise ValueError("rejection sampling needs the request's torch.Generator")
-        if proposal.draft_probs is not None:
-            return verify_rejection_with_draft_probs(target, proposal.tokens, proposal.draft_probs, generator)
-        return verify_rejection_deterministic(target, proposal.tokens, generator)
-
-
-def verifier_for(greedy: bool) -> Verifier:
-    """The verifier for a request: greedy exact match, or rejection sampling."""
-    return GreedyVerifier() if greedy else RejectionVerifier()
+    if generator is None:
+        raise ValueError("rejection sampling needs the request's torch.Generator")
+    if proposal.draft_probs is not None:
+        return verify_rejection_with_draft_probs(probs, proposal.tokens, proposal.draft_probs, generator)
+    return verify_rejection_deterministic(probs, proposal.tokens, generator)
 
 
 # ------------------------------------------------------------------------- helpers

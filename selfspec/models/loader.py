@@ -13,12 +13,8 @@ import contextlib
 import json
 import logging
 import os
-import re
-import shutil
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,11 +26,20 @@ from selfspec.models.registry import (
     MissingModelPackageError,
     ModelEntry,
     ModelNotFoundError,
-    cache_key,
     file_fingerprint,
     get_model_entry,
     known_model_names,
     model_entries,
+)
+from selfspec.models.gguf import (
+    SOURCE_RECORD,
+    TRANSFORMERS_LOCK,
+    converted_dir,
+    convert_gguf,
+    ensure_converted,
+    file_lock,
+    load_gguf,
+    load_gguf_tokenizer,
 )
 from selfspec.thinking.format import ThinkingFormat
 from selfspec.models.tokenizer_check import (
@@ -48,9 +53,6 @@ from selfspec.models.tokenizer_check import (
 logger = logging.getLogger(__name__)
 
 CACHE_ENV_VAR = "SELFSPEC_CACHE_DIR"
-CONVERSION_VERSION = 1
-"""Bump when the conversion output changes, so old caches are not reused."""
-SOURCE_RECORD = "selfspec_source.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -63,11 +65,7 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 _MAX_ADAPTER_DEPTH = 4
 
-_TRANSFORMERS_LOCK = threading.RLock()
-"""`from_pretrained` flips process-global switches (weight init, tying) and restores
-them on exit: two threads loading at once can leave a later load with untied, randomly
-initialized weights (seen: SmolLM2's tied lm_head reported MISSING). Loads in one
-process are therefore serialized; across processes the conversion uses a file lock."""
+
 
 
 @dataclass
@@ -136,137 +134,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-# --- GGUF -> safetensors conversion --------------------------------------------------------
-
-
-def _safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
-
-
-def converted_dir(cache_dir: Path, name: str, fingerprint: str) -> Path:
-    """Where the safetensors conversion of a GGUF identified by `fingerprint` lives."""
-    return cache_dir / "models" / f"{_safe_name(name)}-{cache_key(fingerprint, CONVERSION_VERSION)}"
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock, so concurrent loaders convert once (no-op without fcntl)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _strip_quantization(model: Any) -> None:
-    """Forget the GGUF 'quantizer': the weights are already dequantized floats, and
-    `save_pretrained` refuses non-serializable quantizers."""
-    for holder, attribute in (
-        (model, "hf_quantizer"),
-        (model, "quantization_method"),
-        (model.config, "quantization_config"),
-    ):
-        if hasattr(holder, attribute):
-            with contextlib.suppress(AttributeError):
-                delattr(holder, attribute)
-            if hasattr(holder, attribute):
-                with contextlib.suppress(AttributeError):
-                    setattr(holder, attribute, None)
-    if hasattr(model, "is_quantized"):
-        with contextlib.suppress(AttributeError):
-            model.is_quantized = False
-
-
-def _make_readable(directory: Path) -> None:
-    """Give every file the umask's default mode (some writers create files 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for file in directory.iterdir():
-        file.chmod(0o666 & ~umask)
-
-
-def load_gguf_tokenizer(gguf_path: Path) -> Any:
-    """The tokenizer transformers builds from a GGUF file's vocabulary (check it: see
-    `tokenizer_check`)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-
-
-def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
-    """Model (float32, dequantized) and tokenizer straight from a GGUF file (slow)."""
-    from transformers import AutoModelForCausalLM
-
-    tokenizer = load_gguf_tokenizer(gguf_path)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    )
-    model.eval()
-    return model, tokenizer
-
-
-def convert_gguf(gguf_path: Path, target: Path, *, fingerprint: str) -> Path:
-    """Write a GGUF's model + tokenizer as a safetensors HF dir at `target`, atomically.
-
-    Returns `target`; if another process finished it first, its result is kept. A tokenizer
-    that fails `tokenizer_check` is not saved (the record says why): loading then rebuilds it
-    with whatever transformers is installed by then, or takes one given with `tokenizer=`.
-    """
-    with _file_lock(target.parent.parent / "locks" / f"{target.name}.lock"):
-        if (target / "config.json").is_file():
-            return target
-        logger.info("converting %s to safetensors in %s (once)", gguf_path, target)
-        started = time.perf_counter()
-        with _TRANSFORMERS_LOCK:
-            model, tokenizer = load_gguf(gguf_path)
-        _strip_quantization(model)
-        adds_bos = gguf_adds_bos(gguf_path)
-        problems = tokenizer_problems(tokenizer, expects_bos=adds_bos)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
-        try:
-            model.save_pretrained(partial, safe_serialization=True)
-            if problems:
-                # A warning, not an error: a load given a working tokenizer (`--tokenizer`) goes on
-                # with that one; a load without one stops at `_converted_tokenizer`'s check.
-                logger.warning("the conversion saves no tokenizer (a load given --tokenizer uses that one): %s",
-                               defect_message(str(gguf_path), problems))
-            else:
-                tokenizer.save_pretrained(partial)
-            record = {
-                "gguf_file": str(gguf_path),
-                "fingerprint": fingerprint,
-                "conversion_version": CONVERSION_VERSION,
-                "seconds": round(time.perf_counter() - started, 2),
-                "gguf_add_bos_token": adds_bos,
-                "tokenizer_problems": problems,
-            }
-            (partial / SOURCE_RECORD).write_text(json.dumps(record, indent=2))
-            _make_readable(partial)
-            try:
-                os.rename(partial, target)
-            except OSError:
-                if not (target / "config.json").is_file():
-                    raise
-        finally:
-            if partial.exists():
-                shutil.rmtree(partial, ignore_errors=True)
-    return target
-
-
-def _ensure_converted(gguf_path: Path, name: str, fingerprint: str, cache_dir: Path) -> Path:
-    target = converted_dir(cache_dir, name, fingerprint)
-    if (target / "config.json").is_file():
-        return target
-    return convert_gguf(gguf_path, target, fingerprint=fingerprint)
-
-
 # --- loading ---------------------------------------------------------------------------------
 
 
@@ -308,7 +175,7 @@ def _converted_tokenizer(directory: Path, locate_gguf: Callable[[], Path]) -> An
         expects_bos = gguf_adds_bos(gguf_path)
     tokenizer = load_gguf_tokenizer(gguf_path)
     check_tokenizer(tokenizer, origin=str(gguf_path), expects_bos=expects_bos)
-    with _file_lock(directory.parent.parent / "locks" / f"{directory.name}.lock"):
+    with file_lock(directory.parent.parent / "locks" / f"{directory.name}.lock"):
         for name in TOKENIZER_FILES:
             (directory / name).unlink(missing_ok=True)
         tokenizer.save_pretrained(str(directory))
@@ -377,7 +244,7 @@ class _Resolved:
 
 
 def _resolve_gguf(path: Path, name: str, fingerprint: str, cache_dir: Path) -> _Resolved:
-    directory = _ensure_converted(path, name, fingerprint, cache_dir)
+    directory = ensure_converted(path, name, fingerprint, cache_dir)
     return _Resolved(
         name=name, source=f"gguf {path} (converted: {directory})", weights=str(directory), locate_gguf=lambda: path
     )
@@ -461,11 +328,11 @@ def _load_adapter_model(entry: ModelEntry, options: _LoadOptions, depth: int) ->
     if not (entry.adapter_dir / "adapter_config.json").is_file():
         raise ModelNotFoundError(f"adapter of {entry.name!r} not found: no adapter_config.json in {entry.adapter_dir}")
     base = _load(entry.base, replace(options, device=torch.device("cpu"), dtype=torch.float32), depth + 1)
-    with _TRANSFORMERS_LOCK:
+    with TRANSFORMERS_LOCK:
         merged = PeftModel.from_pretrained(base.model, str(entry.adapter_dir)).merge_and_unload()
     tokenizer = base.tokenizer
     if options.tokenizer_dir is None and (entry.adapter_dir / "tokenizer_config.json").is_file():
-        with _TRANSFORMERS_LOCK:
+        with TRANSFORMERS_LOCK:
             tokenizer = _load_hf_tokenizer(str(entry.adapter_dir))
         if len(tokenizer) > merged.get_input_embeddings().num_embeddings:
             raise ValueError(
@@ -494,7 +361,7 @@ def _load(spec: str, options: _LoadOptions, depth: int) -> LoadedModel:
     )
     tokenizer_dir = options.tokenizer_dir
     try:
-        with _TRANSFORMERS_LOCK:
+        with TRANSFORMERS_LOCK:
             # The tokenizer first: a hub id missing from the local cache fails there at once
             # (the model's loader would ask the network for an adapter config first).
             tokenizer = _model_tokenizer(resolved, tokenizer_dir)

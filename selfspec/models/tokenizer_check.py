@@ -4,8 +4,8 @@ Why: transformers 5.17 (the GPU machine's version) builds Gemma-3's tokenizer fr
 GGUF file wrongly: "Complete the following Python function" becomes `Com|ple|te|▁t|he|…`
 (2.3 characters a token instead of 6) and no `<bos>` is added although the GGUF asks for
 one. transformers 5.24 builds it right. The model still answers, only worse, so nothing
-failed: sessions 8–14 ran every Gemma-3-270M benchmark on the GPU with that tokenizer
-before a 784,823-character page counted as 784,840 prompt tokens there (63,446 here).
+fails loudly: a 784,823-character page counted as 784,840 prompt tokens with the broken
+tokenizer (63,446 with a correct one).
 
 Two checks, both cheap (one encode of a short English paragraph):
 - compression: a subword vocabulary of 16K+ pieces puts well over 3.5 characters of the
@@ -84,7 +84,7 @@ def tokenizer_problems(tokenizer: Any, *, expects_bos: bool | None = None) -> li
 def tokenizer_summary(tokenizer: Any) -> dict[str, Any]:
     """What a benchmark record keeps about its tokenizer: vocabulary size, characters a token
     on `PROBE_TEXT`, whether a `<bos>` is added. Two runs whose summaries differ did not feed
-    the model the same prompts (sessions 8–14's Gemma runs would have shown 1.0, not 5.6)."""
+    the model the same prompts (a broken Gemma-3 tokenizer shows ~1.0 characters a token, a correct one 5.6)."""
     probe = _probe(tokenizer)
     return {
         "vocab": len(tokenizer),

@@ -40,7 +40,7 @@ def load_llm(
     `draft` attaches a draft model (SpS / CoSpec): "layers:N" or a model name. `tokenizer`: a
     tokenizer directory to use instead of the model's own.
     """
-    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.engine.config import EngineConfig
     from selfspec.llm import LLM
 
     engine_config = EngineConfig(num_slots=num_slots, max_len=max_len)
@@ -104,10 +104,10 @@ def build_defaults(
     """Request defaults from CLI values; raises ValueError naming the flag at fault."""
     from pydantic import ValidationError
 
-    from selfspec.spec.baselines import SpeculationConfig
+    from selfspec.config import parse_baseline_spec
     from selfspec.thinking.policy import ThinkingLimits
     from selfspec.server.config import RequestDefaults
-    from selfspec.spec.ssr_config import SSRConfig
+    from selfspec.spec.ssr import SSRConfig
 
     if reuse not in _REUSE_MODES:
         raise ValueError(f"--reuse must be one of {_REUSE_MODES}, got {reuse!r}")
@@ -136,7 +136,7 @@ def build_defaults(
         raise ValueError("--temperature must be >= 0")
     return RequestDefaults(
         ssr=ssr_config,
-        speculation=SpeculationConfig(method=speculation) if speculation else None,
+        speculation=parse_baseline_spec({"method": speculation}) if speculation else None,
         thinking=think,
         cot_cap=cot_cap,
         answer_cap=answer_cap,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from selfspec.spec.baselines import SpeculationConfig
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.base import MethodConfig
+from selfspec.spec.ssr import SSRConfig
 
 
 @dataclass
@@ -44,7 +44,7 @@ class RequestDefaults:
     """
 
     ssr: SSRConfig | None = None
-    speculation: SpeculationConfig | None = None
+    speculation: MethodConfig | None = None  # one of `selfspec.config.BaselineSpecConfig`
     thinking: bool | None = None
     cot_cap: int | None = None
     answer_cap: int | None = None

@@ -13,22 +13,23 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
 from selfspec.spec.cospec.policy import CoSpecConfig
 from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
-from selfspec.spec.baselines import SpeculationConfig
+from selfspec.config import parse_baseline_spec
 from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server.config import RequestDefaults
 from selfspec.server.errors import APIError, from_validation_error
 from selfspec.server.schemas import ChatCompletionRequest, CoSpecOptions, CompletionRequest, SelfspecOptions
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.base import MethodConfig
+from selfspec.spec.ssr import SSRConfig
 
 log = logging.getLogger("selfspec.server")
 
-Spec = SSRConfig | SpeculationConfig | CoSpecConfig | None
+Spec = MethodConfig | None  # SSR, a classic method, or CoSpec
 
 
 @dataclass
@@ -52,13 +53,14 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def _merge_config(cls: type[BaseModel], default: BaseModel | None, requested: BaseModel, name: str) -> BaseModel:
-    """The request's fields over the server's defaults (only the fields it set)."""
-    if default is None:
+def _merge_config(parse: Callable[[dict], BaseModel], default: BaseModel | None, requested: BaseModel, name: str) -> BaseModel:
+    """The request's fields over the server's defaults (only the fields it set). A request that
+    names another method than the server's default takes none of the default's fields."""
+    if default is None or getattr(default, "method", None) != getattr(requested, "method", None):
         return requested
     data = _deep_merge(default.model_dump(), requested.model_dump(exclude_unset=True))
     try:
-        return cls.model_validate(data)
+        return parse(data)
     except ValidationError as exc:
         raise from_validation_error(exc, prefix=f"selfspec.{name}") from None
 
@@ -90,23 +92,26 @@ def resolve_spec(options: SelfspecOptions, defaults: RequestDefaults) -> tuple[S
     if options.cospec is not None and options.cospec is not False:
         return resolve_cospec(options, defaults), "cospec"
     chosen: dict[str, BaseModel | None] = {}
-    for name, cls, default in (("ssr", SSRConfig, defaults.ssr), ("speculation", SpeculationConfig, defaults.speculation)):
+    for name, parse, default in (
+        ("ssr", SSRConfig.model_validate, defaults.ssr),
+        ("speculation", parse_baseline_spec, defaults.speculation),
+    ):
         value = getattr(options, name)
         if value is None:
             continue
         if value is False:
             chosen[name] = None
         elif value is True:
-            chosen[name] = default if default is not None else cls()
+            chosen[name] = default if default is not None else parse({})
         else:
-            chosen[name] = _merge_config(cls, default, value, name)
+            chosen[name] = _merge_config(parse, default, value, name)
     if "ssr" in chosen or "speculation" in chosen:
         spec = chosen.get("ssr") or chosen.get("speculation")
     else:
         spec = defaults.ssr or defaults.speculation
     if spec is None:
         return None, "plain"
-    return spec, ("ssr" if isinstance(spec, SSRConfig) else spec.method)
+    return spec, spec.method
 
 
 def resolve_limits(options: SelfspecOptions, defaults: RequestDefaults) -> ThinkingLimits | None:

@@ -18,8 +18,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from selfspec.spec.baselines import SpeculationConfig
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.config import BaselineSpecConfig
+from selfspec.spec.ssr import SSRConfig
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -95,7 +95,7 @@ class SelfspecOptions(_Strict):
     """
 
     ssr: Union[SSRConfig, bool, None] = Field(default=None, union_mode="left_to_right")
-    speculation: Union[SpeculationConfig, bool, None] = Field(default=None, union_mode="left_to_right")
+    speculation: Union[BaselineSpecConfig, bool, None] = Field(default=None, union_mode="left_to_right")
     cospec: Union[CoSpecOptions, bool, None] = Field(default=None, union_mode="left_to_right")
     thinking: bool | None = None
     cot_cap: int | None = Field(default=None, ge=1)

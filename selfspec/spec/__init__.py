@@ -1,13 +1,21 @@
-"""Speculation: proposers guess continuations, verifiers keep what the target agrees with.
+"""Speculation methods, one module each, behind the contract of `selfspec.engine.policy`.
 
-Proposers: `SuffixProposer` (SuffixDecoding counts tree, or unbounded longest match
-over contiguous sources such as SSR drafts), `NgramProposer` (prompt lookup).
-Verifiers: `GreedyVerifier` (exact match) and `RejectionVerifier` (lossless rejection
-sampling with or without draft probabilities), plus the functions they wrap.
+- `base`: `MethodConfig` (every method's config base), `MethodContext`, the `Proposer` shape.
+- `suffix_index`, `suffix`: SuffixDecoding's counts tree / longest-match index, and the
+  `SuffixDecodingConfig` method.
+- `ngram`: prompt lookup (`PromptLookupConfig`).
+- `draft_model`, `distilled_draft`: draft-model speculation (`DraftModelConfig`) and the
+  loading of a distilled shallow self-draft.
+- `ssr`: self-speculation for reasoning models (`SSRConfig`, `SSRPolicy`).
+- `cospec/`: CoSpec inference (`CoSpecConfig`, the arbitrator) — lossy by design.
+
+Verification of every lossless method lives in one place: `selfspec.engine.verify`.
 """
 
+from selfspec.engine.policy import Proposal
+from selfspec.spec.base import ContextCursor, MethodConfig, MethodContext, Proposer
 from selfspec.spec.ngram import NgramProposer
-from selfspec.spec.base import ContextCursor, Proposal, Proposer
+from selfspec.spec.suffix import GLOBAL_SOURCE, GlobalSuffixHistory, SuffixConfig, SuffixProposer
 from selfspec.spec.suffix_index import (
     CONTEXT_SOURCE,
     Candidate,
@@ -17,17 +25,6 @@ from selfspec.spec.suffix_index import (
     SuffixAutomaton,
     SuffixIndex,
 )
-from selfspec.spec.suffix import GLOBAL_SOURCE, GlobalSuffixHistory, SuffixConfig, SuffixProposer
-from selfspec.engine.verify import (
-    GreedyVerifier,
-    RejectionVerifier,
-    Verifier,
-    VerifyResult,
-    verifier_for,
-    verify_greedy,
-    verify_rejection_deterministic,
-    verify_rejection_with_draft_probs,
-)
 
 __all__ = [
     "CONTEXT_SOURCE",
@@ -36,21 +33,15 @@ __all__ = [
     "ContextCursor",
     "CountsTree",
     "GlobalSuffixHistory",
-    "GreedyVerifier",
     "LongestMatchSource",
+    "MethodConfig",
+    "MethodContext",
     "NgramProposer",
     "Proposal",
     "Proposer",
-    "RejectionVerifier",
     "SpeculationLimits",
     "SuffixAutomaton",
     "SuffixConfig",
     "SuffixIndex",
     "SuffixProposer",
-    "Verifier",
-    "VerifyResult",
-    "verifier_for",
-    "verify_greedy",
-    "verify_rejection_deterministic",
-    "verify_rejection_with_draft_probs",
 ]

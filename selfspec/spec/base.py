@@ -1,35 +1,61 @@
-"""The two shapes every speculation method shares: a `Proposer` and its `Proposal`.
+"""What every speculation method shares: its config base, its build context, the `Proposer` shape.
 
-A proposer turns the sequence so far into a guess of what comes next; a verifier
-(see `verifiers.py`) decides how much of the guess the target model agrees with.
-Keeping both behind one small interface is what lets a policy swap suffix lookup,
-n-gram lookup or a draft model without the engine knowing which one it runs.
+A method is a pydantic config (`MethodConfig`: one `method` name, validated knobs) that builds
+a per-request policy (`engine.policy.SequencePolicy`) from a `MethodContext`. The engine talks
+only to the policy; a proposer turns the sequence so far into a guess of what comes next, and
+`engine.verify` decides how much of the guess the target model agrees with. Keeping these
+shapes small is what lets a method be one module that the engine never names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
+from pydantic import BaseModel, ConfigDict
+
+from selfspec.engine.policy import Proposal, SequencePolicy
+
+if TYPE_CHECKING:
+    from selfspec.engine.sampling import SamplingParams
+    from selfspec.spec.draft_model import DraftModelRunner
+    from selfspec.spec.suffix import GlobalSuffixHistory
+    from selfspec.thinking.format import ThinkingFormat
+    from selfspec.thinking.policy import ThinkingLimits
+
+__all__ = ["ContextCursor", "MethodConfig", "MethodContext", "Proposal", "Proposer"]
 
 
 @dataclass
-class Proposal:
-    """A proposed continuation.
+class MethodContext:
+    """What a method needs from the `LLM` to build one request's policy (and nothing more, so
+    methods do not depend on the facade): the thinking format and limits, the request's
+    sampling parameters, the device, and the LLM's shared resources."""
 
-    `tokens` may be empty (nothing worth proposing: the engine then runs a plain
-    1-token decode). `draft_probs` is set only by proposers that *sample* their
-    tokens from a distribution (a draft model): row i is the distribution token i
-    was drawn from, which lossless rejection sampling needs. Deterministic
-    proposers (suffix, n-gram) leave it `None`; their proposal is a one-hot draft.
+    thinking_format: ThinkingFormat | None
+    limits: ThinkingLimits | None
+    thinking: bool
+    params: SamplingParams
+    device: torch.device
+    global_history: GlobalSuffixHistory | None = None
+    draft_runner: DraftModelRunner | None = None
+
+
+class MethodConfig(BaseModel):
+    """Base of every speculation config: a `method` discriminator and a `build` of the policy.
+
+    `needs_thinking` says the method only makes sense on a thinking request (SSR): the facade
+    then turns thinking on unless the caller said otherwise. `lossy` marks methods whose output
+    may differ from plain decoding (CoSpec); every other method is exact.
     """
 
-    tokens: list[int]
-    draft_probs: torch.Tensor | None = None
+    model_config = ConfigDict(extra="forbid")
+    needs_thinking: ClassVar[bool] = False
+    lossy: ClassVar[bool] = False
 
-    def __len__(self) -> int:
-        return len(self.tokens)
+    def build(self, ctx: MethodContext) -> SequencePolicy:
+        raise NotImplementedError
 
 
 @runtime_checkable
@@ -44,6 +70,9 @@ class Proposer(Protocol):
     """
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Proposal: ...
+
+    def release(self) -> None:
+        """Free what the proposer holds (a draft model's KV slot); called when its sequence ends."""
 
 
 class ContextCursor:

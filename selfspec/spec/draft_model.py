@@ -13,15 +13,18 @@ weights, so no second checkpoint is needed and the vocabularies agree by constru
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
+from pydantic import Field
 
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.sampling import SamplingParams, processed_probs
+from selfspec.engine.policy import Proposal
+from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs
 from selfspec.engine.scheduler import SlotPool
 from selfspec.engine.static_forward import GraphBuckets
-from selfspec.spec.base import Proposal
+from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.thinking.policy import ThinkingPolicy
 
 
 def shallow_draft(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
@@ -165,10 +168,9 @@ def propose_group(requests: list[tuple[DraftModelProposer, Sequence[int], int]])
     active = [job for _, job in jobs]
     while active:
         want_logits = [not job.proposer.params.greedy for job in active]  # greedy rows need only the argmax
-        logits = draft.runner.run([Chunk(job.proposer.slot, job.position, job.feed, 1) for job in active], want_logits)
-        argmax = draft.runner.last_argmax
+        forward = draft.runner.run([Chunk(job.proposer.slot, job.position, job.feed, 1) for job in active], want_logits)
         draft.forwards += 1
-        for job, row_logits, row_argmax in zip(active, logits, argmax):
+        for job, row_logits, row_argmax in zip(active, forward.logits, forward.argmax):
             params = job.proposer.params
             if params.greedy:
                 token = int(row_argmax[-1])
@@ -191,3 +193,26 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+DRAFT_SEED_OFFSET = 104729
+"""Added to a request's seed for its draft's sampling stream, so draft and target never share
+one stream (a shared stream would correlate proposals with their own verification)."""
+
+
+class DraftModelConfig(MethodConfig):
+    """Draft-model speculation (SpS, vLLM's `draft_model`): the LLM's draft model
+    (`LLM(draft="layers:N" | "distilled:<name>" | a model)`) proposes K tokens per round,
+    verified exactly (greedy, or rejection sampling with the draft's own probabilities)."""
+
+    method: Literal["draft"] = "draft"
+    num_speculative_tokens: int = Field(5, ge=1, le=64)
+
+    def build(self, ctx: MethodContext) -> ThinkingPolicy:
+        if ctx.draft_runner is None:
+            raise ValueError("method='draft' needs a draft model: LLM(..., draft='layers:N' or a model)")
+        params = ctx.params
+        seed = None if params.seed is None else params.seed + DRAFT_SEED_OFFSET
+        generator = None if params.greedy else make_generator(seed, ctx.device)
+        proposer = DraftModelProposer(ctx.draft_runner, num_tokens=self.num_speculative_tokens, params=params, generator=generator)
+        return ThinkingPolicy(ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer)

@@ -10,9 +10,13 @@ updated by the appended tokens only, so a call costs O(max_ngram) plus the copy.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
-from selfspec.spec.base import ContextCursor, Proposal
+from pydantic import Field, model_validator
+
+from selfspec.engine.policy import Proposal
+from selfspec.spec.base import ContextCursor, MethodConfig, MethodContext
+from selfspec.thinking.policy import ThinkingPolicy
 
 
 class NgramProposer:
@@ -36,6 +40,9 @@ class NgramProposer:
         self._cursor.reset()
         for table in self._latest.values():
             table.clear()
+
+    def release(self) -> None:
+        """Nothing to free: the tables die with the proposer."""
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Proposal:
         self._index_appended(context)
@@ -61,3 +68,23 @@ class NgramProposer:
             for n in self._sizes:
                 if j >= n:
                     self._latest[n][tuple(context[j - n : j])] = j - n
+
+
+class PromptLookupConfig(MethodConfig):
+    """Prompt lookup (n-gram) decoding, as transformers' `prompt_lookup_num_tokens` and vLLM's
+    `method: ngram`: in both phases, under the thinking rules."""
+
+    method: Literal["ngram"] = "ngram"
+    max_ngram: int = Field(3, ge=1, le=32)
+    min_ngram: int = Field(1, ge=1, le=32)
+    num_tokens: int = Field(10, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _check(self) -> "PromptLookupConfig":
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram ({self.min_ngram}) must not exceed max_ngram ({self.max_ngram})")
+        return self
+
+    def build(self, ctx: MethodContext) -> ThinkingPolicy:
+        proposer = NgramProposer(max_ngram=self.max_ngram, min_ngram=self.min_ngram, num_tokens=self.num_tokens)
+        return ThinkingPolicy(ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer)

@@ -23,21 +23,119 @@ decoding (greedy: token-identical; sampling: same distribution by rejection samp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
+from pydantic import Field, model_validator
 
-from selfspec.engine.policy import SequencePolicy
+from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams
+from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.spec.suffix import GlobalSuffixHistory, SuffixConfig, SuffixOptions, SuffixProposer
 from selfspec.thinking.format import ThinkingFormat
-from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
-from selfspec.spec.base import Proposal
-from selfspec.spec.suffix import GlobalSuffixHistory, SuffixConfig, SuffixProposer
+from selfspec.thinking.policy import Phase, ThinkingLimits, ThinkingPolicy
 
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine
     from selfspec.engine.sequence import Sequence
-    from selfspec.spec.ssr_config import SSRConfig
+
+ReuseMode = Literal["off", "prefix", "suffix", "prefix+suffix"]
+SuffixSource = Literal["draft", "prompt", "output", "global"]
+
+
+class SSRStage(str, Enum):
+    """The parent's speculation stage: drafting while it thinks, then verifying the draft's
+    prefix, then draft-backed suffix decoding, then plain decoding once no source helps."""
+
+    THINKING = "thinking"
+    PREFIX = "prefix"
+    SUFFIX = "suffix"
+    PLAIN = "plain"
+
+
+class SSRConfig(MethodConfig):
+    """How one request speculates on itself.
+
+    draft_budgets: CoT lengths at which a draft is forked (one or several).
+    draft_interval: iterative drafting: fork every `draft_interval` CoT tokens (overrides
+      `draft_budgets`), up to `max_drafts` (None: until thinking ends or the CoT cap).
+    max_draft_len: a draft stops after this many answer tokens.
+    reuse: off (drafts made, not used: the overhead figure) | prefix (verify the draft under
+      the full CoT, accept the longest prefix) | suffix (draft as a suffix-decoding source
+      only) | prefix+suffix.
+    suffix_sources: where suffix speculation copies from; "draft" by default, as the paper.
+    speculate_drafts: a later draft is speculated from earlier ones (iterative drafting).
+    cancel_older_drafts: forking a new draft cancels older drafts still running (their
+      partial tokens stay usable as sources).
+    use_draft_probs: sampled requests keep each draft token's distribution and verify the
+      draft by rejection sampling with those probabilities (Leviathan et al.); otherwise the
+      draft is verified as a deterministic proposal. Both are exact in distribution; this
+      one accepts more but holds a [draft_len, vocab] tensor per draft.
+    prefix_chunk_start / prefix_chunk_max: prefix verification proposes the draft in runs that
+      start at `prefix_chunk_start` tokens and double after each fully accepted run, up to
+      `prefix_chunk_max` (and the engine's cap: max_proposal_tokens, with static forwards at most
+      the largest token bucket less the pending token, 63 by default). An early mismatch then costs
+      a short verify; a matching draft still goes through in a few forwards. Where a k-token
+      verify costs the same as a decode step (GPU), set both to 64.
+    speculate_thinking: the parent also speculates its chain of thought with SuffixDecoding
+      over its prompt and output (as the suffix-decoding mode does): thinking models copy
+      the task into their CoT and the CoT into the answer, so many CoT tokens come free
+      while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
+      always closed by a plain step and the draft verification starts aligned.
+    suffix_backoff / suffix_backoff_max: after a suffix proposal of which nothing is accepted,
+      skip the next 1, 2, 4, ... (at most `suffix_backoff_max`) answer steps before proposing
+      again; an accepted token resets it. A draft that stopped tracking the answer then costs
+      a few verifies instead of one per token (a k-token verify costs ~1.3 decode steps on
+      the H200). It only decides when to propose, so outputs are unchanged. 0 disables it.
+    """
+
+    needs_thinking: ClassVar[bool] = True
+
+    method: Literal["ssr"] = "ssr"
+    draft_budgets: list[int] = Field(default_factory=lambda: [500])
+    draft_interval: int | None = Field(None, ge=1)
+    max_drafts: int | None = Field(None, ge=1)
+    max_draft_len: int = Field(500, ge=1)
+    reuse: ReuseMode = "prefix+suffix"
+    suffix: SuffixOptions = Field(default_factory=SuffixOptions)
+    suffix_sources: list[SuffixSource] = Field(default_factory=lambda: ["draft"])
+    speculate_drafts: bool = True
+    cancel_older_drafts: bool = True
+    use_draft_probs: bool = False
+    prefix_chunk_start: int = Field(8, ge=1, le=4096)
+    prefix_chunk_max: int = Field(64, ge=1, le=4096)
+    suffix_backoff_max: int = Field(16, ge=0, le=4096)
+    speculate_thinking: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "SSRConfig":
+        if not self.draft_budgets and self.draft_interval is None:
+            raise ValueError("give draft_budgets or draft_interval")
+        if any(b < 1 for b in self.draft_budgets):
+            raise ValueError("draft budgets must be positive CoT lengths")
+        self.draft_budgets = sorted(set(self.draft_budgets))
+        if not self.suffix_sources:
+            raise ValueError("suffix_sources must not be empty")
+        return self
+
+    def budgets_up_to(self, cot_cap: int | None) -> list[int]:
+        """The CoT lengths at which to fork, for a request with this CoT cap."""
+        if self.draft_interval is None:
+            budgets = list(self.draft_budgets)
+        else:
+            limit = cot_cap if cot_cap is not None else 1 << 20
+            budgets = list(range(self.draft_interval, limit, self.draft_interval))
+        if cot_cap is not None:
+            budgets = [b for b in budgets if b < cot_cap]
+        if self.max_drafts is not None:
+            budgets = budgets[: self.max_drafts]
+        return budgets
+
+    def build(self, ctx: MethodContext) -> "SSRPolicy":
+        return SSRPolicy(self, ctx.thinking_format, ctx.limits, thinking=ctx.thinking, global_history=ctx.global_history)
+
+
 
 # Prefix verification proposes whole draft runs; the engine splits them into chunks of
 # its `max_proposal_tokens`, so the cap here only needs to exceed that.
@@ -85,7 +183,7 @@ class DraftPolicy(SequencePolicy):
             return None
         return self.proposer.propose(seq.token_ids, max_tokens)
 
-    def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
+    def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
         self._sync(seq)
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
@@ -121,7 +219,7 @@ class SSRPolicy(ThinkingPolicy):
         self.budgets = config.budgets_up_to(self.limits.cot_cap) if self.thinking else []
         self.drafts: list[Draft] = []
         self.global_history = global_history if "global" in config.suffix_sources else None
-        self.stage = "thinking"  # thinking -> prefix -> suffix -> plain
+        self.stage = SSRStage.THINKING
         self.suffix_proposer: SuffixProposer | None = None
         self.verified_draft: Draft | None = None
         self.fork_failures = 0
@@ -130,9 +228,6 @@ class SSRPolicy(ThinkingPolicy):
         self.suffix_accepted = 0
         self.answer_verify_steps = 0
         self.answer_forwards = 0
-        self._pending_stage: str | None = None
-        self._acc_before = 0
-        self._last_len = 0
         self.prefix_cursor = 0
         self.prefix_start = 0
         self.prefix_source: list[int] = []
@@ -146,34 +241,27 @@ class SSRPolicy(ThinkingPolicy):
             variants = fmt.end_variants or (fmt.end_ids,)
             self._end_token_ids = frozenset(t for variant in variants for t in variant) | frozenset(fmt.close_ids)
         self.thinking_verify_steps = 0
-        self._thinking_pending = False
 
     # ------------------------------------------------------------------ proposing
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
-        if self.phase != "answer":
+        if self.phase is not Phase.ANSWER:
             return self._thinking_proposal(engine, seq, max_tokens)
         room = min(max_tokens, self._room_in_phase())
         if room <= 0:
             return None
-        self._acc_before = seq.stats.accepted_tokens
-        self._pending_stage = None
-        if self.stage == "prefix":
+        if self.stage is SSRStage.PREFIX:
             proposal = self._prefix_proposal(room)
             if proposal is not None:
-                self._pending_stage = "prefix"
-                self._last_len = len(proposal.tokens)
                 return proposal
             self._leave_prefix()
-        if self.stage == "suffix" and self.suffix_proposer is not None:
+        if self.stage is SSRStage.SUFFIX and self.suffix_proposer is not None:
             if self._suffix_skip > 0:
                 self._suffix_skip -= 1
                 self.suffix_skipped_steps += 1
                 return None
             proposal = self.suffix_proposer.propose(seq.token_ids, room)
             if proposal.tokens:
-                self._pending_stage = "suffix"
-                self._last_len = len(proposal.tokens)
-                return proposal
+                return Proposal(proposal.tokens, source=SSRStage.SUFFIX.value)
         return None
 
     def _thinking_proposal(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
@@ -181,7 +269,6 @@ class SSRPolicy(ThinkingPolicy):
         end-of-thinking marker: the marker then always arrives in a plain step (or as a
         verify's own token, with nothing after it), so `on_thinking_closed` sees a context
         that ends with it."""
-        self._thinking_pending = False
         proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
         if proposal is None:
             return None
@@ -192,8 +279,7 @@ class SSRPolicy(ThinkingPolicy):
                 break
         if not tokens:
             return None
-        self._thinking_pending = True
-        return Proposal(tokens)  # deterministic: verified as a one-hot draft
+        return Proposal(tokens, source=SSRStage.THINKING.value)  # deterministic: verified as a one-hot draft
 
     def _prefix_proposal(self, room: int) -> Proposal | None:
         """The verified draft's next run, from the cursor (chunked by the engine's cap)."""
@@ -206,7 +292,7 @@ class SSRPolicy(ThinkingPolicy):
         probs = None
         if self.config.use_draft_probs and draft.probs:
             probs = self._draft_prob_rows(draft, start, len(tokens))
-        return Proposal(tokens, probs)
+        return Proposal(tokens, probs, source=SSRStage.PREFIX.value)
 
     def _draft_prob_rows(self, draft: Draft, start: int, n: int) -> torch.Tensor:
         """q for each proposed token: one-hot on the forced anchor, the child's own rows after."""
@@ -223,25 +309,24 @@ class SSRPolicy(ThinkingPolicy):
         return torch.stack(rows)
 
     # ------------------------------------------------------------------ reacting
-    def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
-        if self._thinking_pending:
+    def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
+        source = outcome.proposal.source if outcome.proposal is not None else None
+        new_tokens = list(outcome.committed)
+        if source == SSRStage.THINKING.value:
             self.thinking_verify_steps += 1
-            self._thinking_pending = False
-        if self.phase == "answer":
+        elif self.phase is Phase.ANSWER:
             self.answer_forwards += 1
-            accepted = seq.stats.accepted_tokens - self._acc_before
-            if self._pending_stage is not None:
+            if source is not None:
                 self.answer_verify_steps += 1
-            if self._pending_stage == "prefix":
-                self._advance_prefix(accepted, new_tokens)
-            elif self._pending_stage is None and self.stage == "prefix":
+            if source == SSRStage.PREFIX.value:
+                self._advance_prefix(outcome.accepted, outcome.proposed, new_tokens)
+            elif source is None and self.stage is SSRStage.PREFIX:
                 self._follow_plain_step(new_tokens)
-            elif self._pending_stage == "suffix":
-                self.suffix_accepted += accepted
-                self._back_off(accepted)
-            self._pending_stage = None
+            elif source == SSRStage.SUFFIX.value:
+                self.suffix_accepted += outcome.accepted
+                self._back_off(outcome.accepted)
         self._consume(engine, seq)
-        if seq.is_finished or self.phase != "thinking":
+        if seq.is_finished or self.phase is not Phase.THINKING:
             return
         while self.budgets and self.metrics.cot_tokens >= self.budgets[0]:
             self.budgets.pop(0)
@@ -267,11 +352,11 @@ class SSRPolicy(ThinkingPolicy):
                 self._leave_prefix()
                 return
 
-    def _advance_prefix(self, accepted: int, new_tokens: list[int]) -> None:
+    def _advance_prefix(self, accepted: int, proposed: int, new_tokens: list[int]) -> None:
         """Move the cursor over what the model agreed with; leave at the first disagreement."""
         source = self.prefix_source
         self.prefix_cursor += accepted
-        if accepted < self._last_len:
+        if accepted < proposed:
             self._leave_prefix()
             return
         # Fully accepted: the draft is tracking the model, verify a longer run next time.
@@ -296,7 +381,7 @@ class SSRPolicy(ThinkingPolicy):
         usable = [d for d in self.drafts if d.tokens]
         reuse = self.config.reuse
         if not usable or reuse == "off":
-            self.stage = "plain"
+            self.stage = SSRStage.PLAIN
             return
         newest = usable[-1]
         self.verified_draft = newest
@@ -306,9 +391,9 @@ class SSRPolicy(ThinkingPolicy):
         if reuse in ("prefix", "prefix+suffix"):
             self.prefix_cursor = self._align(seq.token_ids, newest.anchor)
             self.prefix_start = self.prefix_cursor
-            self.stage = "prefix"
+            self.stage = SSRStage.PREFIX
         else:
-            self.stage = "suffix"
+            self.stage = SSRStage.SUFFIX
 
     def _align(self, context: list[int], anchor: list[int]) -> int:
         """Where in (anchor + draft) the parent's context now stands.
@@ -338,10 +423,10 @@ class SSRPolicy(ThinkingPolicy):
 
     # ------------------------------------------------------------------ internals
     def _leave_prefix(self) -> None:
-        if self.stage != "prefix":
+        if self.stage is not SSRStage.PREFIX:
             return
         self.accepted_prefix = self._prefix_matched()
-        self.stage = "suffix" if self.suffix_proposer is not None else "plain"
+        self.stage = SSRStage.SUFFIX if self.suffix_proposer is not None else SSRStage.PLAIN
 
     def _prefix_matched(self) -> int:
         """Draft answer tokens the model agreed with (anchor tokens not counted)."""
@@ -399,7 +484,7 @@ class SSRPolicy(ThinkingPolicy):
             "thinking_verify_steps": self.thinking_verify_steps,
             # A bonus token cut by a cap never became an answer token.
             "accepted_prefix": min(
-                self._prefix_matched() if self.stage == "prefix" else self.accepted_prefix, self.metrics.answer_tokens
+                self._prefix_matched() if self.stage is SSRStage.PREFIX else self.accepted_prefix, self.metrics.answer_tokens
             ),
             "suffix_accepted_tokens": self.suffix_accepted,
             "answer_verify_steps": self.answer_verify_steps,

@@ -1,4 +1,5 @@
-"""SuffixDecoding as a `Proposer`: per-request sources plus an optional shared history.
+"""Suffix decoding: a `Proposer` over per-request sources plus an optional shared history, and
+the `SuffixDecodingConfig` method that speculates a request's CoT and answer with it.
 
 The per-request `SuffixIndex` holds what this request may copy from (SSR: its drafts;
 classic suffix decoding: its prompt and output, `index_context=True`). A
@@ -10,9 +11,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Iterable, Literal, Sequence
 
-from selfspec.spec.base import Proposal
+from pydantic import BaseModel, ConfigDict, Field
+
+from selfspec.engine.policy import Proposal
+from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.thinking.policy import ThinkingPolicy
 from selfspec.spec.suffix_index import (
     Candidate,
     CountsTree,
@@ -185,9 +190,6 @@ class SuffixProposer:
     def remove_source(self, name: str) -> None:
         self.index.remove_source(name)
 
-    def has_source(self, name: str) -> bool:
-        return name in self.index
-
     @property
     def source_names(self) -> list[str]:
         return self.index.source_names
@@ -196,6 +198,9 @@ class SuffixProposer:
         """Forget the context (the next `propose` may get an unrelated sequence)."""
         self.index.reset_context()
         self.last_candidate = None
+
+    def release(self) -> None:
+        """Nothing to free: the index dies with the proposer."""
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Proposal:
         limits, select = self._limits, self.config.select
@@ -207,3 +212,43 @@ class SuffixProposer:
                     candidate = shared
         self.last_candidate = candidate
         return Proposal(tokens=list(candidate.tokens) if candidate is not None else [])
+
+
+class SuffixOptions(BaseModel):
+    """SuffixDecoding knobs, validated (see `SuffixConfig`); SSR's draft-backed suffix stage uses them too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_depth: int = Field(4, ge=2, le=256)
+    max_spec_tokens: int = Field(16, ge=1, le=1024)
+    spec_factor: float = Field(4.0, ge=0.0)
+    spec_offset: float = Field(0.0, ge=0.0)
+    min_token_prob: float = Field(0.0, ge=0.0, le=1.0)
+    mode: Literal["tree", "longest_match"] = "tree"
+
+    def to_config(self, *, index_context: bool = False) -> SuffixConfig:
+        return SuffixConfig(
+            max_depth=self.max_depth,
+            max_spec_tokens=self.max_spec_tokens,
+            spec_factor=self.spec_factor,
+            spec_offset=self.spec_offset,
+            min_token_prob=self.min_token_prob,
+            mode=self.mode,
+            index_context=index_context,
+        )
+
+
+class SuffixDecodingConfig(MethodConfig):
+    """Suffix decoding (the baseline vLLM calls `method: suffix`): SuffixDecoding over the
+    request's prompt + output, and the shared history of past responses when "global" is among
+    `sources`. Speculates both phases (thinking and answer) under the thinking rules."""
+
+    method: Literal["suffix"] = "suffix"
+    suffix: SuffixOptions = Field(default_factory=SuffixOptions)
+    sources: list[Literal["prompt", "output", "global"]] = Field(default_factory=lambda: ["prompt", "output"])
+
+    def build(self, ctx: MethodContext) -> ThinkingPolicy:
+        history = ctx.global_history if "global" in self.sources else None
+        index_context = "prompt" in self.sources or "output" in self.sources
+        proposer = SuffixProposer(self.suffix.to_config(index_context=index_context), global_history=history)
+        return ThinkingPolicy(ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer, history=history)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING
 
-from selfspec.engine.policy import SequencePolicy
+from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sequence import FinishReason
 from selfspec.thinking.format import EndOfThinkingMatcher, ThinkingFormat
-from selfspec.spec.base import Proposal
 
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine
@@ -48,11 +48,26 @@ class ThinkingLimits:
             raise ValueError("fixed_length needs both cot_cap and answer_cap")
 
 
+class Phase(str, Enum):
+    """Where a reasoning request stands: writing its chain of thought, or its answer."""
+
+    THINKING = "thinking"
+    ANSWER = "answer"
+
+
+class ClosedBy(str, Enum):
+    """Who ended thinking: the model's own marker, or the CoT cap (a forced close)."""
+
+    NOT_YET = ""  # still thinking, or never thought
+    MODEL = "model"
+    CAP = "cap"
+
+
 @dataclass
 class PhaseMetrics:
     cot_tokens: int = 0
     answer_tokens: int = 0
-    thinking_closed_by: str = ""  # "model", "cap", "" (still thinking / never thought)
+    thinking_closed_by: ClosedBy = ClosedBy.NOT_YET
     answer_start: int | None = None  # index in token_ids of the first answer token
     reasoning_end: int | None = None  # index where the end-of-thinking marker begins
     thinking_end_time: float | None = None
@@ -77,7 +92,7 @@ class ThinkingPolicy(SequencePolicy):
         self.limits.validate()
         self.thinking = thinking and fmt is not None and fmt.kind != "none"
         self.matcher = EndOfThinkingMatcher(fmt) if self.thinking else None
-        self.phase = "thinking" if self.thinking else "answer"
+        self.phase = Phase.THINKING if self.thinking else Phase.ANSWER
         self.metrics = PhaseMetrics()
         self.proposer = proposer  # optional: speculation in both phases (suffix decoding, prompt lookup)
         self.history = history  # optional GlobalSuffixHistory that finished outputs are added to
@@ -116,20 +131,19 @@ class ThinkingPolicy(SequencePolicy):
                 out[index] = proposal
         return out
 
-    def on_tokens(self, engine: "Engine", seq: "Sequence", new_tokens: list[int]) -> None:
+    def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
         self._consume(engine, seq)
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
         self._consume(None, seq)
-        release = getattr(self.proposer, "release", None)
-        if release is not None:
-            release()  # a draft model's KV slot
-        if self.history is not None and seq.num_output_tokens and seq.finish_reason.value != "cancelled":
+        if self.proposer is not None:
+            self.proposer.release()  # a draft model's KV slot
+        if self.history is not None and seq.num_output_tokens and seq.finish_reason is not FinishReason.CANCELLED:
             self.history.add_response(seq.seq_id, seq.output_ids)
 
     # ------------------------------------------------------------------ rules
     def _room_in_phase(self) -> int:
-        if self.phase == "thinking":
+        if self.phase is Phase.THINKING:
             cap = self.limits.cot_cap
             return 1 << 30 if cap is None else cap - self.metrics.cot_tokens
         cap = self.limits.answer_cap
@@ -141,18 +155,18 @@ class ThinkingPolicy(SequencePolicy):
             index = seq.prompt_len + self._seen
             token = seq.token_ids[index]
             self._seen += 1
-            if self.phase == "thinking":
+            if self.phase is Phase.THINKING:
                 self.metrics.cot_tokens += 1
                 if not self.limits.fixed_length and self.matcher.feed(token):
                     self.metrics.reasoning_end = index + 1 - self.matcher.matched_length()
-                    self._end_thinking(engine, seq, index + 1, by="model")
+                    self._end_thinking(engine, seq, index + 1, by=ClosedBy.MODEL)
                     continue
                 if self.limits.cot_cap is not None and self.metrics.cot_tokens >= self.limits.cot_cap:
                     if engine is None:
                         return
                     engine.truncate(seq, index + 1)
                     self.metrics.reasoning_end = index + 1
-                    self._end_thinking(engine, seq, index + 1, by="cap")
+                    self._end_thinking(engine, seq, index + 1, by=ClosedBy.CAP)
                     engine.append_forced(seq, self.fmt.close_ids)
                     self._seen = seq.num_output_tokens  # the forced marker is not answer
                     self.on_thinking_closed(engine, seq)
@@ -170,12 +184,16 @@ class ThinkingPolicy(SequencePolicy):
                     engine.finish(seq, FinishReason.LENGTH, "continuation cap")
                     return
 
-    def _end_thinking(self, engine: "Engine | None", seq: "Sequence", answer_index: int, by: str) -> None:
-        self.phase = "answer"
+    def _end_thinking(self, engine: "Engine | None", seq: "Sequence", answer_index: int, by: ClosedBy) -> None:
+        self.phase = Phase.ANSWER
         self.metrics.thinking_closed_by = by
         self.metrics.thinking_end_time = time.perf_counter()
-        if by == "model" and engine is not None:
+        if by is ClosedBy.MODEL and engine is not None:
             self.on_thinking_closed(engine, seq)
 
     def on_thinking_closed(self, engine: "Engine", seq: "Sequence") -> None:
         """Hook for subclasses (SSR verifies its draft here). Base: nothing."""
+
+    def report(self) -> dict:
+        """Method-specific metrics for the result (SSR: drafts, accepted prefix, ...). Base: none."""
+        return {}

@@ -10,7 +10,7 @@ from selfspec.engine.llm_engine import EngineConfig, PromptTooLongError
 from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
 from selfspec.llm import LLM
 from selfspec.models import ModelNotFoundError
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 

@@ -18,7 +18,7 @@ from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
 from selfspec.thinking.policy import ThinkingLimits
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 VOCAB = 128
@@ -83,12 +83,12 @@ def test_batch_crossing_key_buckets_matches_generate(model):
 
 def test_verification_chunks_in_token_buckets_match_generate(model):
     """Proposals of 1..7 tokens are verified in token buckets 2..8, padded on the left."""
-    from selfspec.spec.base import Proposal
+    from selfspec.engine.policy import Proposal, SequencePolicy
 
     (prompt,) = prompts([9], seed=4)
     want = reference(model, prompt, 30)
 
-    class Oracle:
+    class Oracle(SequencePolicy):
         """Proposes the true continuation with a wrong token at a varying place."""
 
         def __init__(self):
@@ -104,15 +104,6 @@ def test_verification_chunks_in_token_buckets_match_generate(model):
             if self.calls % 3 == 0:
                 tokens[-1] = (tokens[-1] + 1) % VOCAB
             return Proposal(tokens)
-
-        def verify(self, engine, seq, logits, proposal):
-            return None
-
-        def on_tokens(self, engine, seq, new_tokens):
-            pass
-
-        def on_finish(self, engine, seq):
-            pass
 
     engine = static_engine(model)
     seq = engine.add_request(prompt, SamplingParams(max_tokens=30, ignore_eos=True), policy=Oracle())
@@ -268,8 +259,7 @@ def test_proposals_fit_the_largest_token_bucket(model):
     """A verify chunk is the pending token plus the proposals: with static forwards the engine gives
     a policy room for at most (largest bucket - 1) proposals, so no verify runs eagerly (on a GPU an
     eager forward costs Python overhead and computes attention another way, other bf16 bits)."""
-    from selfspec.engine.policy import SequencePolicy
-    from selfspec.spec.base import Proposal
+    from selfspec.engine.policy import Proposal, SequencePolicy
 
     (prompt,) = prompts([5], seed=6)
     want = reference(model, prompt, 40)

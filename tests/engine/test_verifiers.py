@@ -7,14 +7,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from selfspec.spec import (
-    GreedyVerifier,
-    Proposal,
-    RejectionVerifier,
-    Verifier,
+from selfspec.engine.policy import Proposal
+from selfspec.engine.verify import (
     VerifyResult,
-    verifier_for,
     verify_greedy,
+    verify_proposal,
     verify_rejection_deterministic,
     verify_rejection_with_draft_probs,
 )
@@ -57,13 +54,14 @@ def test_verify_greedy(proposal: list[int], expected: VerifyResult) -> None:
     assert verify_greedy(target_argmax, proposal) == expected
 
 
-def test_greedy_verifier_takes_logits_or_argmax() -> None:
+def test_greedy_verification_takes_an_argmax_tensor_or_list() -> None:
     logits = torch.full((4, VOCAB), -1.0)
     logits[torch.arange(4), torch.tensor([2, 5, 0, 1])] = 3.0
-    verifier = GreedyVerifier()
-    assert isinstance(verifier, Verifier) and not verifier.needs_probs
-    assert verifier.verify(logits, Proposal([2, 5, 3])) == VerifyResult(2, 0)
-    assert verifier.verify(logits.argmax(-1), Proposal([2, 5, 0])) == VerifyResult(3, 1)
+    argmax = logits.argmax(-1)
+    assert verify_proposal(Proposal([2, 5, 3]), argmax=argmax, probs=None, generator=None) == VerifyResult(2, 0)
+    assert verify_proposal(Proposal([2, 5, 0]), argmax=argmax.tolist(), probs=None, generator=None) == VerifyResult(3, 1)
+    with pytest.raises(ValueError):
+        verify_proposal(Proposal([2]), argmax=None, probs=None, generator=None)
     with pytest.raises(ValueError):
         verify_greedy(torch.tensor([1, 2]), [1, 2])
 
@@ -152,16 +150,17 @@ def test_seeded_generators_reproduce_and_global_rng_is_unused() -> None:
     assert run(seed=1, global_seed=1) != run(seed=2, global_seed=1)
 
 
-def test_rejection_verifier_dispatches_on_draft_probs() -> None:
+def test_rejection_verification_dispatches_on_draft_probs() -> None:
     p, q = random_distributions(3, seed=12), random_distributions(2, seed=13)
-    verifier = verifier_for(greedy=False)
-    assert isinstance(verifier, RejectionVerifier) and verifier.needs_probs
-    with_q = verifier.verify(p, Proposal([1, 2], draft_probs=q), torch.Generator().manual_seed(3))
+
+    def verify(proposal, generator):
+        return verify_proposal(proposal, argmax=None, probs=p, generator=generator)
+
+    with_q = verify(Proposal([1, 2], draft_probs=q), torch.Generator().manual_seed(3))
     assert with_q == verify_rejection_with_draft_probs(p, [1, 2], q, torch.Generator().manual_seed(3))
-    one_hot = verifier.verify(p, Proposal([1, 2]), torch.Generator().manual_seed(3))
+    one_hot = verify(Proposal([1, 2]), torch.Generator().manual_seed(3))
     assert one_hot == verify_rejection_deterministic(p, [1, 2], torch.Generator().manual_seed(3))
     with pytest.raises(ValueError):
-        verifier.verify(p, Proposal([1, 2]))
+        verify(Proposal([1, 2]), None)
     with pytest.raises(ValueError):
         verify_rejection_deterministic(p[:2], [1, 2], torch.Generator())
-    assert isinstance(verifier_for(greedy=True), GreedyVerifier)

@@ -20,6 +20,7 @@ from selfspec.models import (
     resolve_cache_dir,
     unregister_model,
 )
+from selfspec.models import gguf as gguf_module
 from selfspec.models import loader as loader_module
 from selfspec.models import registry
 from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer
@@ -182,7 +183,7 @@ def fake_gguf(tmp_path, monkeypatch):
         model.config.quantization_config = {"quant_method": "gguf"}
         return model, tokenizer
 
-    monkeypatch.setattr(loader_module, "load_gguf", fake_load_gguf)
+    monkeypatch.setattr(gguf_module, "load_gguf", fake_load_gguf)
     return path, reads
 
 
@@ -251,7 +252,7 @@ def test_failed_conversion_leaves_no_partial_dir(tmp_path, monkeypatch):
         model.save_pretrained = lambda *args, **kwargs: (Path(args[0]).mkdir(parents=True), exploding_save(model, tokenizer))
         return model, tokenizer
 
-    monkeypatch.setattr(loader_module, "load_gguf", fake_load_gguf)
+    monkeypatch.setattr(gguf_module, "load_gguf", fake_load_gguf)
     with pytest.raises(RuntimeError, match="disk full"):
         load_model(str(path), cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache" / "models").iterdir()) == []

@@ -10,11 +10,11 @@ import importlib.util
 import pytest
 import torch
 
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
-from selfspec.spec.baselines import SpeculationConfig
+from selfspec.config import SuffixDecodingConfig
 from selfspec.thinking.policy import ThinkingLimits
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.ssr import SSRConfig
 
 pytestmark = [
     pytest.mark.model,
@@ -63,7 +63,7 @@ def test_prompted_thinking_format_and_ssr_modes_are_exact(llm):
     specs = {
         "prefix+suffix": SSRConfig(draft_budgets=[16], max_draft_len=40),
         "iterative": SSRConfig(draft_interval=12, max_draft_len=40),
-        "suffix-decoding": SpeculationConfig(),
+        "suffix-decoding": SuffixDecodingConfig(),
     }
     for name, spec in specs.items():
         out = llm.generate(CHATS[:2], params, limits=limits, spec=spec, thinking=True)

@@ -16,13 +16,13 @@ import httpx
 import openai
 import pytest
 
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server import BackgroundServer, RequestDefaults, ServerConfig, create_app
 from selfspec.server.cli import load_llm
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.ssr import SSRConfig
 
 MODEL = "tiny"
 PROMPTS = [

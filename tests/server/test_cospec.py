@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from selfspec.spec.cospec import Arbitrator, CoSpecConfig
 from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.server import BackgroundServer, RequestDefaults, ServerConfig, create_app

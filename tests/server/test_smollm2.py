@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.thinking.policy import ThinkingLimits

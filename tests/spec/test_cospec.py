@@ -24,12 +24,12 @@ from selfspec_research.cospec.training import (
     sft_step,
     toy_reward,
 )
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.spec.baselines import SpeculationConfig
+from selfspec.config import DraftModelConfig
 from selfspec.spec.draft_model import shallow_draft
-from selfspec.spec.base import Proposal
+from selfspec.engine.policy import Proposal
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 PROMPTS = ["What is 12 + 30?", "Write a counter class", "Route from A to B", "hello", "def add(a, b):"]
@@ -307,7 +307,7 @@ def test_threshold_above_one_is_plain_greedy(llm, arbitrator):
 
 def test_threshold_zero_keeps_every_arbitrated_token_and_beats_sps(llm, arbitrator):
     params = SamplingParams(max_tokens=40)
-    sps = llm.generate(PROMPTS, params, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
+    sps = llm.generate(PROMPTS, params, spec=DraftModelConfig(num_speculative_tokens=4))
     out = llm.generate(PROMPTS, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator))
     kept = sum(o.metrics["kept_draft_tokens"] for o in out)
     assert kept > 0 and kept == sum(o.metrics["arbitrations"] for o in out)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.spec.baselines import SpeculationConfig
+from selfspec.config import DraftModelConfig
 from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.draft_model import shallow_draft
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
@@ -45,7 +45,7 @@ def test_sps_greedy_is_token_identical(tok, draft_kind):
     llm = LLM.from_model(target, tok, engine_config=EngineConfig(num_slots=8, max_len=256), draft=draft)
     limits = ThinkingLimits(cot_cap=30, answer_cap=25, fixed_length=True)
     params = SamplingParams(max_tokens=100)
-    spec = SpeculationConfig(method="draft", num_speculative_tokens=4)
+    spec = DraftModelConfig(num_speculative_tokens=4)
     base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
     before = llm.draft_runner.forwards
     out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=spec)
@@ -66,7 +66,7 @@ def test_sps_greedy_is_token_identical(tok, draft_kind):
 def test_sps_needs_a_draft_model(tok):
     llm = LLM.from_model(tiny_model("qwen3", len(tok), seed=4), tok, engine_config=EngineConfig(num_slots=2, max_len=64))
     with pytest.raises(ValueError, match="draft model"):
-        llm.submit("hi", SamplingParams(max_tokens=4), spec=SpeculationConfig(method="draft"))
+        llm.submit("hi", SamplingParams(max_tokens=4), spec=DraftModelConfig())
     with pytest.raises(ValueError, match="vocabulary"):
         llm.set_draft(tiny_model("llama", 50, seed=1))
 
@@ -83,7 +83,7 @@ def test_sps_sampling_preserves_the_distribution():
             top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0,
         )[:, len(prompt):].numpy()
     llm = LLM.from_model(target, None, engine_config=EngineConfig(num_slots=256, max_len=16), draft="layers:1")
-    spec = SpeculationConfig(method="draft", num_speculative_tokens=3)
+    spec = DraftModelConfig(num_speculative_tokens=3)
     outs, accepted = [], 0
     for start in range(0, n, 256):
         seqs = [

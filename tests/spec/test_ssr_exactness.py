@@ -13,12 +13,12 @@ import dataclasses
 import pytest
 import torch
 
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.spec.baselines import SpeculationConfig
+from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 from selfspec.thinking.policy import ThinkingLimits
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 PROMPTS = [
@@ -46,9 +46,9 @@ MODES = {
     "iterative-think": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d, speculate_thinking=True,
                                               suffix_sources=["draft", "prompt", "output"]),
     "all-sources": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_sources=["draft", "prompt", "output", "global"]),
-    "suffix-decoding": lambda b, d: SpeculationConfig(method="suffix"),
-    "suffix-global": lambda b, d: SpeculationConfig(method="suffix", sources=["prompt", "output", "global"]),
-    "prompt-lookup": lambda b, d: SpeculationConfig(method="ngram"),
+    "suffix-decoding": lambda b, d: SuffixDecodingConfig(),
+    "suffix-global": lambda b, d: SuffixDecodingConfig(sources=["prompt", "output", "global"]),
+    "prompt-lookup": lambda b, d: PromptLookupConfig(),
 }
 
 
@@ -184,7 +184,7 @@ def test_ssr_and_plain_requests_share_a_batch(random_llm):
     limits = ThinkingLimits(cot_cap=24, answer_cap=20, fixed_length=True)
     params = SamplingParams(max_tokens=100)
     base = llm.generate(PROMPTS[:6], params, limits=limits, thinking=True)
-    specs = [None, SSRConfig(draft_budgets=[8]), SpeculationConfig(), SSRConfig(draft_interval=5), None, SpeculationConfig(method="ngram")]
+    specs = [None, SSRConfig(draft_budgets=[8]), SuffixDecodingConfig(), SSRConfig(draft_interval=5), None, PromptLookupConfig()]
     seqs = [llm.submit(p, SamplingParams(max_tokens=100), spec=s, limits=ThinkingLimits(cot_cap=24, answer_cap=20, fixed_length=True), thinking=True) for p, s in zip(PROMPTS[:6], specs)]
     llm.run_until_done(seqs)
     for s, b in zip(seqs, base):

@@ -14,12 +14,12 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.thinking.format import ThinkingFormat
 from selfspec.thinking.policy import ThinkingLimits
-from selfspec.spec.ssr_config import SSRConfig
+from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model
 
 VOCAB = 6

@@ -1,11 +1,10 @@
-"""CoSpec: speculative decoding where a learned arbitrator may keep draft tokens (lossy).
+"""CoSpec inference: draft-model speculation where a learned arbitrator may keep draft tokens (lossy).
 
 `CoSpecConfig(arbitrator=Arbitrator.from_draft(llm.draft_runner.model))` is passed as `spec=`
-to `LLM.generate`; `training` holds the SFT and PPO steps that train the arbitrator, and
-`train_arbitrator` (+ `train_cli`) the real run built on them;
-`checkpoint` saves/loads a trained one (`save_arbitrator`, `load_arbitrator`); `evaluate`
-(+ `eval_tasks`, `eval_report`, `cli`) is `selfspec cospec eval`; `draft_distill` trains the
-distilled shallow self-draft (`selfspec cospec train-draft`, loaded as `draft="distilled:<dir>"`).
+to `LLM.generate`. `policy` is the per-request method (draft proposals + arbitrated greedy
+verification), `arbitrator` the LoRA + binary head model, `graphs` its CUDA-graph replays,
+`checkpoint` saving and loading a trained one. Training (SFT on counterfactual labels, then
+PPO) and evaluation live in the research part (`selfspec_research.cospec`).
 """
 
 from selfspec.spec.cospec.arbitrator import (

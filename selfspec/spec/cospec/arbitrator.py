@@ -45,6 +45,8 @@ from typing import Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from selfspec.engine.fusion import strip_fusion
+
 
 @dataclass(frozen=True)
 class ArbitrationState:
@@ -107,7 +109,7 @@ def hybrid_layout(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torc
     scalar `hybrid_mask`/`hybrid_positions` are one state of it), so a CUDA graph can build a
     state's layout from three integers (no
     [W, W] host tensors per decision: on a busy host, multi-threaded CPU ops on them took
-    ~110 ms per call, session 5). Padding queries see only themselves (finite softmax) and
+    ~110 ms per call on the H200 machine). Padding queries see only themselves (finite softmax) and
     no real query sees a padding key.
     """
     device = lengths.device
@@ -184,9 +186,7 @@ class Arbitrator(torch.nn.Module):
     @classmethod
     def from_draft(cls, draft: torch.nn.Module, *, lora: LoraSettings | None = None, seed: int = 0) -> "Arbitrator":
         """A fresh arbitrator on a copy of `draft`'s decoder (LoRA B = 0: starts at the backbone)."""
-        from peft import LoraConfig, inject_adapter_in_model
-
-        from selfspec.engine.fusion import strip_fusion
+        from peft import LoraConfig, inject_adapter_in_model  # the [lora] extra: imported on use
 
         lora = lora or LoraSettings()
         backbone = copy.deepcopy(draft.model)

@@ -5,8 +5,7 @@ the target about once per 2.8 tokens on the thinker tasks), one state at a time,
 critical path. Eagerly that forward is ~460 small kernels (8 decoder layers, LoRA on four
 projections each, transformers' rotary and norms), each launched from Python: on the H200
 the GPU sat at ~5% while CoSpec rollouts ran, an RL iteration (12 rollouts of ≤ 1,280
-tokens) did not finish in 270 s, and the eval did not finish one task in 16 minutes
-(session 4, `benchmarks/results/h200/session4/`). Replaying a captured graph costs one
+tokens) did not finish in 270 s, and the eval did not finish one task in 16 minutes. Replaying a captured graph costs one
 launch.
 
 How: states are right-padded to a width bucket (64, 128, …): padding keys are invisible
@@ -16,7 +15,7 @@ input buffer per bucket — the padded token ids and the three block lengths, on
 device copy per decision — and one graph per bucket, captured when the policy is built
 (all buckets up to the widest state it can make). The graph builds positions and the
 [W, W] hybrid mask on the GPU from the lengths: building them on the host cost ~110 ms
-per decision on the H200 machine (session 5: multi-threaded CPU ops on [576, 576] tensors
+per decision on the H200 machine (multi-threaded CPU ops on [576, 576] tensors
 while other processes kept the cores busy), which erased what the graph saved. The graph reads the
 LoRA and head parameters in place, so RL's in-place optimizer steps are seen by later
 replays. Batches of several states, training-mode forwards (dropout), CPU tensors and

@@ -27,24 +27,24 @@ target's log-probability of the draft token at the mismatch (for reward shaping)
 from __future__ import annotations
 
 import math
-import time
 import random
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from selfspec.spec.cospec.arbitrator import ArbitrationState, Arbitrator
-from selfspec.thinking.policy import ThinkingPolicy
-from selfspec.spec.base import Proposal
+from selfspec.engine.policy import Proposal
 from selfspec.engine.verify import VerifyResult
+from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.spec.cospec.arbitrator import ArbitrationState, Arbitrator
+from selfspec.spec.draft_model import DraftModelProposer
+from selfspec.thinking.policy import ThinkingPolicy
 
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine
     from selfspec.engine.sequence import Sequence
-    from selfspec.llm import LLM
-    from selfspec.thinking.policy import ThinkingLimits
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Decision:
     sampled: bool = False
 
 
-class CoSpecConfig(BaseModel):
+class CoSpecConfig(MethodConfig):
     """CoSpec speculation: K draft tokens per round, arbitration at mismatches.
 
     `arbitrator=None` is allowed only with threshold > 1 (nothing can be kept): that is
@@ -73,7 +73,9 @@ class CoSpecConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    lossy: ClassVar[bool] = True
 
+    method: Literal["cospec"] = "cospec"
     num_speculative_tokens: int = Field(5, ge=1, le=64)
     threshold: float = Field(0.6, ge=0.0)
     max_arbitrations_per_round: int = Field(1, ge=1)
@@ -83,13 +85,10 @@ class CoSpecConfig(BaseModel):
     # RL rollouts: sample keep ~ Bernoulli(π) with this seed (the threshold is then unused).
     sample_seed: int | None = None
 
-    def build_policy(self, llm: "LLM", *, limits: "ThinkingLimits | None", thinking: bool, params=None) -> "CoSpecPolicy":
-        from selfspec.engine.sampling import SamplingParams
-        from selfspec.spec.draft_model import DraftModelProposer
-
-        if getattr(llm, "draft_runner", None) is None:
+    def build(self, ctx: MethodContext) -> "CoSpecPolicy":
+        if ctx.draft_runner is None:
             raise ValueError("CoSpec needs a draft model: LLM(..., draft='layers:N' or a model)")
-        params = params or SamplingParams()
+        params = ctx.params
         if not params.greedy:
             raise ValueError("CoSpec arbitrates greedy verification tokens; use temperature 0")
         if self.arbitrator is None and self.threshold <= 1.0:
@@ -98,15 +97,15 @@ class CoSpecConfig(BaseModel):
             raise ValueError("sampled CoSpec decisions (sample_seed) need an arbitrator")
         if self.arbitrator is not None and not isinstance(self.arbitrator, Arbitrator):
             raise TypeError(f"arbitrator must be a selfspec.spec.cospec.Arbitrator, got {type(self.arbitrator).__name__}")
-        proposer = DraftModelProposer(llm.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
+        proposer = DraftModelProposer(ctx.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
         graphs = self.arbitrator.cuda_graphs() if self.arbitrator is not None else None
         if graphs is not None:
             # Widest state: prefix window + draft block (≤ K) + target block (≤ K + 1) + decision.
             graphs.prepare(self.max_prefix_tokens + 2 * self.num_speculative_tokens + 2)
         return CoSpecPolicy(
-            llm.thinking_format,
-            limits,
-            thinking=thinking,
+            ctx.thinking_format,
+            ctx.limits,
+            thinking=ctx.thinking,
             proposer=proposer,
             arbitrator=self.arbitrator,
             threshold=self.threshold,
@@ -121,6 +120,7 @@ class CoSpecPolicy(ThinkingPolicy):
     """Thinking rules + draft proposals + arbitrated greedy verification."""
 
     lossy = True
+    custom_verify = True
 
     def __init__(
         self,
@@ -149,7 +149,7 @@ class CoSpecPolicy(ThinkingPolicy):
 
     def verify(
         self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
-    ) -> VerifyResult | None:
+    ) -> VerifyResult:
         targets = logits.argmax(dim=-1).tolist()  # the one host sync of exact greedy verification
         draft = proposal.tokens
         accepted = arbitrated = 0

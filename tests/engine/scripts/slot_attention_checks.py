@@ -60,7 +60,7 @@ def check_key_bucket_invariance() -> None:
 
     Decode computes a position under the smallest bucket; a verify chunk reaching past the
     bucket's edge computes the same position under the next one (more, empty, splits). On the
-    H200 the split merge rounded differently per bucket (session 10). The interpreter cannot
+    H200 a split merge whose layout depended on the split count rounded differently per bucket. The interpreter cannot
     show fp-fusion effects (the Hopper compile test covers the kernel's code), but it checks
     that the result is independent of the bucket by construction.
     """
@@ -115,12 +115,12 @@ def check_engine() -> None:
 
 def check_ssr() -> None:
     """SSR (fork, verify, rollback) through slot attention gives the baseline's tokens."""
-    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.engine.config import EngineConfig
     from selfspec.engine.sampling import SamplingParams
     from selfspec.engine.static_forward import GraphBuckets
     from selfspec.llm import LLM
     from selfspec.thinking.policy import ThinkingLimits
-    from selfspec.spec.ssr_config import SSRConfig
+    from selfspec.spec.ssr import SSRConfig
     from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()

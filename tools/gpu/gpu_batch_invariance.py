@@ -7,8 +7,8 @@ forward (GEMM tiling, inductor's autotuned reductions) can round a row different
 near-tie then flips. This measures how often, on the real model and the engine's own forwards
 (CUDA graphs, fused twins, slot attention):
 
-    python scripts/gpu_batch_invariance.py --model smollm2 --tokens 2400 --chunk 16 --out probe.json
-    python scripts/gpu_batch_invariance.py --tokens 6000 --chunk 1,6,11,20,40 --companion --out mixed.json
+    python tools/gpu/gpu_batch_invariance.py --model smollm2 --tokens 2400 --chunk 16 --out probe.json
+    python tools/gpu/gpu_batch_invariance.py --tokens 6000 --chunk 1,6,11,20,40 --companion --out mixed.json
 
 Slot 0 decodes `--tokens` tokens greedily one at a time (EOS ignored); slot 1, prefilled with
 the same prompt, scores the same tokens in forwards of `--chunk` tokens (one size, or a cycle of
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from selfspec.engine.fusion import inductor_modes  # noqa: E402
 from selfspec.engine.llm_engine import EngineConfig  # noqa: E402
@@ -58,12 +58,11 @@ def probe(llm: LLM, tokens: int, sizes: list[int], companion: bool = False) -> d
     n = len(prompt_ids)
     # Prefill every slot with the same forward shape (one chunk each, separately).
     slots = (0, 1, 2) if companion else (0, 1)
-    for slot in slots:
-        runner.run([Chunk(slot=slot, start=0, token_ids=list(prompt_ids), num_logits=1)])
-    first = int(runner.last_argmax[0][-1])
+    prefills = [runner.run([Chunk(slot=slot, start=0, token_ids=list(prompt_ids), num_logits=1)]) for slot in slots]
+    first = int(prefills[0].argmax[0][-1])
     decode_logits, ids = [], [first]
     for step in range(tokens - 1):
-        (logits,) = runner.run([Chunk(slot=0, start=n + step, token_ids=[ids[-1]], num_logits=1)])
+        (logits,) = runner.run([Chunk(slot=0, start=n + step, token_ids=[ids[-1]], num_logits=1)]).logits
         decode_logits.append(logits[-1])
         ids.append(int(logits[-1].argmax()))
     # Slot 1 scores the same tokens in forwards of the cycled sizes; with `companion`, slot 2 decodes
@@ -76,7 +75,7 @@ def probe(llm: LLM, tokens: int, sizes: list[int], companion: bool = False) -> d
         chunks = [Chunk(slot=1, start=n + start, token_ids=piece, num_logits=len(piece))]
         if companion:
             chunks.append(Chunk(slot=2, start=n + turn, token_ids=[companion_next], num_logits=1))
-        outputs = runner.run(chunks)
+        outputs = runner.run(chunks).logits
         verify_logits.extend(outputs[0])
         forward_size.extend([len(piece)] * len(piece))
         if companion:

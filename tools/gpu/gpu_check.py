@@ -2,9 +2,9 @@
 
 Run on a CUDA machine (the CPU test suite covers the uncaptured static path):
 
-    python scripts/gpu_check.py                     # tiny models only (fp32), ~1 min
-    python scripts/gpu_check.py --model smollm2     # plus a bf16 long-generation agreement check
-    python scripts/gpu_check.py --model gemma3-270m --tokenizer gemma3-270m=/tmp/m/gemma3-270m-tokenizer
+    python tools/gpu/gpu_check.py                     # tiny models only (fp32), ~1 min
+    python tools/gpu/gpu_check.py --model smollm2     # plus a bf16 long-generation agreement check
+    python tools/gpu/gpu_check.py --model gemma3-270m --tokenizer gemma3-270m=/tmp/m/gemma3-270m-tokenizer
                                                     # a model whose GGUF tokenizer that transformers builds wrongly
 
 Checks, each printed PASS/FAIL (exit status 1 on any FAIL):
@@ -25,9 +25,10 @@ import time
 
 import torch
 
-from selfspec.engine.llm_engine import Engine, EngineConfig
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.llm_engine import Engine
 from selfspec.engine.sampling import SamplingParams
-from selfspec.spec.base import Proposal
+from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.verify import VerifyResult
 from selfspec.testing.tiny import tiny_model
 
@@ -52,7 +53,7 @@ def run_all(engine: Engine, seqs) -> None:
         engine.step()
 
 
-class ChunkProposer:
+class ChunkProposer(SequencePolicy):
     """Proposes the reference continuation in chunks of 1..15 tokens, some with a wrong last token."""
 
     def __init__(self, reference: list[int], vocab: int) -> None:
@@ -69,18 +70,11 @@ class ChunkProposer:
             tokens[-1] = (tokens[-1] + 1) % self.vocab
         return Proposal(tokens)
 
-    def verify(self, engine, seq, logits, proposal):
-        return None
 
-    def on_tokens(self, engine, seq, new_tokens):
-        pass
-
-    def on_finish(self, engine, seq):
-        pass
-
-
-class TeacherForcing:
+class TeacherForcing(SequencePolicy):
     """Feeds a fixed token sequence in chunks and records the model's top-1 at every position."""
+
+    custom_verify = True  # the verify below records agreement; it needs the row's logits
 
     def __init__(self, tokens: list[int], chunk: int) -> None:
         self.tokens, self.chunk = tokens, chunk
@@ -98,12 +92,6 @@ class TeacherForcing:
         self.agree += sum(int(a == b) for a, b in zip(top, want))
         self.positions += len(want)
         return VerifyResult(len(proposal.tokens), self.tokens[done + len(proposal.tokens)])
-
-    def on_tokens(self, engine, seq, new_tokens):
-        pass
-
-    def on_finish(self, engine, seq):
-        pass
 
 
 def graph_configs(device: str) -> dict[str, dict]:
@@ -143,7 +131,7 @@ def check_tiny(device: str) -> None:
 def check_sps(device: str) -> None:
     """Draft-model speculation (the draft = the target's first layer, its own graphs) is exact."""
     from selfspec.llm import LLM
-    from selfspec.spec.baselines import SpeculationConfig
+    from selfspec.config import DraftModelConfig
     from selfspec.testing.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
@@ -152,7 +140,7 @@ def check_sps(device: str) -> None:
     prompts = ["def add(a, b):", "Write a counter class", "hello"]
     params = SamplingParams(max_tokens=80, ignore_eos=True)
     base = llm.generate(prompts, params)
-    sps = llm.generate(prompts, params, spec=SpeculationConfig(method="draft"))
+    sps = llm.generate(prompts, params, spec=DraftModelConfig())
     same = [a.token_ids == b.token_ids for a, b in zip(base, sps)]
     report("sps-draft-layers1", all(same), equal=same, draft_graphs=llm.draft_runner.runner.static.stats()
            if llm.draft_runner.runner.static else None)

@@ -1,10 +1,10 @@
 """Where does a lossless mode's run first compute other bits than the baseline's? (GPU diagnosis)
 
-Session 9 on the H200 (bf16, SmolLM2): the probe (`gpu_batch_invariance.py`) finds every forward
-shape — token buckets 1 to 64, a second sequence in the batch — bitwise equal to a one-token
-decode step over 6,000 positions, and three token-bucket layouts gave every run the same tokens;
-yet in HumanEval/42, 90, 96 and 104 prefix+suffix, suffix decoding and prompt lookup all leave the
-baseline at the same token and then agree with each other for thousands of tokens. The shapes that
+On the H200 (bf16, SmolLM2) the probe (`gpu_batch_invariance.py`) found every forward shape —
+token buckets 1 to 64, a second sequence in the batch — bitwise equal to a one-token decode step
+over 6,000 positions, and three token-bucket layouts gave every run the same tokens; yet in
+HumanEval/42, 90, 96 and 104 prefix+suffix, suffix decoding and prompt lookup all left the
+baseline at the same token and then agreed with each other for thousands of tokens. The shapes that
 chose the diverging token are the same in both runs, so the two runs must hold different state
 before it. This finds that state: it runs one benchmark sample through several modes with the
 bench's own settings and warm-up (e.g. `baseline,suffix-decoding,baseline`), and records for the
@@ -18,11 +18,12 @@ then reports each run against the first: the first token that differs, the first
 logits differ (both forwards' shapes, the baseline's top-2 margin there), the first position whose
 K/V differ (layer, writers), and positions one run scored twice with different bits.
 
-    python scripts/gpu_logit_trace.py --model smollm2 --benchmark humaneval --id HumanEval/42 \\
+    python tools/gpu/gpu_logit_trace.py --model smollm2 --benchmark humaneval --id HumanEval/42 \\
         --runs baseline,suffix-decoding,prefix+suffix,baseline --max-len 3980 --out trace.json
 
-On the CPU with every step in one static shape every comparison comes out equal, in fp32 (tests/test_logit_trace.py)
-and in bf16 over the paper row's 3,505 tokens (benchmarks/results/cpu_bf16_exactness/README.md).
+On the CPU with every step in one static shape every comparison comes out equal, in fp32 (tests/tools/test_logit_trace.py)
+and in bf16 over the paper row's 3,505 tokens (benchmarks/exactness/README.md). What it found on the H200
+(the slot-attention kernel's split merge) and the traces after the fix: benchmarks/exactness/README.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from selfspec_bench.datasets import load_benchmark  # noqa: E402
 from selfspec_bench.modes import PAPER_ANSWER_CAPS, BenchSettings  # noqa: E402
@@ -124,10 +125,10 @@ class Tracer:
         first: list = []
 
         def traced_run(chunks, want_logits=None):
-            results = run(chunks, [True] * len(chunks))
+            forward = run(chunks, [True] * len(chunks))
             if first and first[0].slot is not None:
                 trace.slot = first[0].slot  # the request's slot (released, set to None, at its end)
-            for chunk, logits, label in zip(chunks, results, runner.last_shapes):
+            for chunk, logits, label in zip(chunks, forward.logits, forward.shapes):
                 trace.writes.append((chunk.slot, chunk.start, list(chunk.token_ids), label))
                 if logits is None:
                     continue
@@ -136,8 +137,8 @@ class Tracer:
                                    fingerprint(logits).tolist(), logits.argmax(-1).tolist(),
                                    (top[:, 0] - top[:, 1]).tolist()))
             if want_logits is not None:  # hand the engine what it asked for
-                results = [r if w else None for r, w in zip(results, want_logits)]
-            return results
+                forward.logits[:] = [r if w else None for r, w in zip(forward.logits, want_logits)]
+            return forward
 
         def traced_copy(src, dst, length):
             copy_slot(src, dst, length)
