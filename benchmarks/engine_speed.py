@@ -151,10 +151,10 @@ def time_replay_only(engine: Engine, shape: tuple[int, int, int], reps: int = 20
 def ssr_overhead(model, tok, args, device) -> dict:
     """Latency of SSR with every draft token rejected (and with drafts not used) vs the baseline."""
     import selfspec.engine.llm_engine as llm_engine
-    from selfspec.llm import LLM
-    from selfspec.thinking.policy import ThinkingLimits
     from selfspec.engine.verify import VerifyResult, verify_greedy
-    from selfspec.spec.ssr_config import SSRConfig
+    from selfspec.llm import LLM
+    from selfspec.spec.ssr import SSRConfig
+    from selfspec.thinking.policy import ThinkingLimits
 
     llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=args.ssr_cot + args.ssr_answer + 512),
                          name=args.model)
@@ -255,7 +255,7 @@ def main() -> None:
     parser.add_argument("--ssr-backoffs", default="16,64", help="suffix back-off caps for the every-token-rejected runs")
     parser.add_argument("--skip-ssr", action="store_true")
     parser.add_argument("--ssr-only", action="store_true", help="only the SSR-overhead runs (file suffix _ssr)")
-    parser.add_argument("--out", default="benchmarks/results/engine_speed")
+    parser.add_argument("--out", default="/tmp/engine_speed", help="where <device>_<model>.json and .md go (committed runs: benchmarks/engine_speed/records/)")
     parser.add_argument("--random-weights", action="store_true",
                         help="random weights of the model's shapes (see step_profile.SHAPES): same speed, no files")
     parser.add_argument("--smoke", action="store_true", help="CPU: run the GPU-only parts on the uncaptured static path")

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture()
 def repo_script():
-    """Load a script of the repository (e.g. "scripts/exactness_table.py") as a module, so tests
+    """Load a script of the repository (e.g. "benchmarks/exactness/exactness_table.py") as a module, so tests
     call its functions directly; scripts are not part of the installed package."""
 
     def load(relative: str) -> ModuleType:

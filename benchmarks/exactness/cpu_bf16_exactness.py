@@ -1,11 +1,14 @@
 """Which forward shapes make bf16 lossless modes leave plain decoding's tokens — measured on this CPU.
 
-Why: on the H200 the lossless modes keep the bf16 baseline's tokens in 80-90% of samples, not all, and
-the GPU is lent 30 minutes a session. In bf16 on a CPU the same question has a sharper answer (every
+Why: on the H200 the lossless modes once kept the bf16 baseline's tokens in 80-90% of samples, not all,
+and GPU time is scarce. In bf16 on a CPU the same question has a sharper answer (every
 GEMM's rounding depends on its row count), so the engine's shape choices can be tested here: the
 same samples and modes under engine configurations that fix more and more of the forward's shape.
 
-    python scripts/cpu_bf16_exactness.py --out benchmarks/results/cpu_bf16_exactness
+    python benchmarks/exactness/cpu_bf16_exactness.py --out /tmp/cpu_bf16_exactness   # ~10 min on 2 cores
+
+(writes results.json and table.md; the committed results.json is
+benchmarks/exactness/records/cpu/bf16_forward_shapes_humaneval.json)
 
 Configurations (SmolLM2-135M-Instruct, bf16, HumanEval samples, the paper row's shape at small caps):
 - `eager`: the CPU engine's default (each forward as long as its chunk);
@@ -26,16 +29,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from selfspec_bench.datasets import load_benchmark  # noqa: E402
-from selfspec_bench.modes import BenchSettings, spec_for  # noqa: E402
-from selfspec_bench.runner import _limits, _params, divergence_fields  # noqa: E402
 from selfspec.engine.llm_engine import EngineConfig  # noqa: E402
 from selfspec.engine.static_forward import GraphBuckets  # noqa: E402
 from selfspec.llm import LLM  # noqa: E402
 from selfspec.run_info import device_name, library_versions  # noqa: E402
-from selfspec.spec.ssr_config import SuffixOptions  # noqa: E402
+from selfspec.spec.suffix import SuffixOptions  # noqa: E402
+from selfspec_bench.datasets import load_benchmark  # noqa: E402
+from selfspec_bench.modes import BenchSettings, spec_for  # noqa: E402
+from selfspec_bench.runner import _limits, _params, divergence_fields  # noqa: E402
 
 MODES = ("prefix+suffix", "suffix-decoding", "prompt-lookup")
 
@@ -67,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--configs", default="eager,tokens16,tokens16+keys")
-    parser.add_argument("--out", default="benchmarks/results/cpu_bf16_exactness")
+    parser.add_argument("--out", default="/tmp/cpu_bf16_exactness")
     args = parser.parse_args()
     torch.set_num_threads(2)
     settings = BenchSettings(cot_cap=200, answer_cap=100, draft_budget=60, draft_interval=None, max_draft_len=100,

@@ -4,8 +4,8 @@ Why: a lossless mode's exact-match rate says whether it left *its own run's* bas
 say whether two runs (two code versions, two engine sizes, two processes) computed the same tokens.
 This lines the runs up, so a regression in exactness can be traced to what differs between them:
 
-    python scripts/exactness_table.py diag/d1_old.jsonl diag/d2_new.jsonl ... \
-        --reference benchmarks/results/h200/raw/smollm2_humaneval_bf16_a.jsonl.gz
+    python benchmarks/exactness/exactness_table.py run_a.jsonl run_b.jsonl ... \
+        --reference benchmarks/ssr_paper_rows/records/h200/smollm2_humaneval.jsonl.gz
 
 Per sample and mode: one short hash per file (`=` where it equals the first file's), then per file
 the share of non-baseline records equal to their own baseline. Plain and gzipped JSONL are read.
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from selfspec_bench.records import load_records  # noqa: E402
 

@@ -22,7 +22,7 @@ from selfspec.spec.ssr import SSRConfig
 DEMO_MODEL = "smollm2-thinker-v4b"
 """The thinker trained with early-answer examples on thinker-data-v3: its drafts from a partial
 CoT agree with the final answer (92.5% of the answer predictable at half the CoT,
-benchmarks/results/thinker_v4/), which is the situation SSR is built for."""
+benchmarks/thinker/README.md), which is the situation SSR is built for."""
 
 
 DEMO_PROMPT_FILE = Path(__file__).with_name("demo_prompt.txt")
@@ -81,8 +81,7 @@ def run_demo(
     ratio = ssr.timings.total / base.timings.total
     console.print(
         f"identical output: [bold]{'yes' if same else 'NO'}[/]   latency ratio SSR/baseline: [bold]{ratio:.3f}[/]"
-        "\n(on a CPU the draft and the k-token verifications cost real compute; on a GPU they ride in the"
-        " same launch-bound forward passes — see benchmarks/results)"
+        "\nmeasured on this machine; GPU figures with the commands that reproduce them: docs/results.md"
     )
 
 

@@ -28,8 +28,20 @@ def bench_run(tmp_path_factory):
     out = root / "r.jsonl"
     result = CliRunner().invoke(
         app,
-        ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir), "--modes", ",".join(MODES),
-         *LIMITS, "--out", str(out)],
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--limit",
+            "2",
+            "--model",
+            str(model_dir),
+            "--modes",
+            ",".join(MODES),
+            *LIMITS,
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output + repr(result.exception)
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
@@ -42,7 +54,9 @@ def test_bench_writes_one_exact_record_per_sample_and_mode(bench_run):
     assert {(r["sample_id"], r["mode"]) for r in records} == {
         (s, m) for s in ("HumanEval/0", "HumanEval/1") for m in MODES
     }
-    assert all(r["exact_match"] is True for r in records), [(r["sample_id"], r["mode"]) for r in records if not r["exact_match"]]
+    assert all(r["exact_match"] is True for r in records), [
+        (r["sample_id"], r["mode"]) for r in records if not r["exact_match"]
+    ]
     for r in records:
         assert r["benchmark"] == "humaneval" and r["settings"]["draft_budget"] == 8 and r["latency_s"] > 0
         assert r["cot_tokens"] == 24 and r["answer_tokens"] == 16  # the fixed-length shape held in every mode
@@ -126,8 +140,22 @@ def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path)
     modes = ["baseline", "prefix+suffix", "suffix-decoding"]
     result = CliRunner().invoke(
         app,
-        ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", ",".join(modes),
-         *LIMITS, "--concurrency", "2", "--out", str(out)],
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--limit",
+            "2",
+            "--model",
+            str(root / "m"),
+            "--modes",
+            ",".join(modes),
+            *LIMITS,
+            "--concurrency",
+            "2",
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output + repr(result.exception)
     batched = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
@@ -152,8 +180,27 @@ def test_samples_that_cannot_fit_the_context_are_skipped_and_reported(bench_run,
     sample is recorded as skipped, once, the run does not abort, and the report names it."""
     _, _, root = bench_run
     out = tmp_path / "s.jsonl"
-    args = ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", "baseline",
-            "--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "4080", "--out", str(out)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--limit",
+        "2",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline",
+        "--cot-cap",
+        "24",
+        "--draft-budget",
+        "8",
+        "--max-draft",
+        "16",
+        "--answer-cap",
+        "4080",
+        "--out",
+        str(out),
+    ]
     for extra in ([], [], ["--fresh"]):  # a rerun neither repeats the skip records nor fails; --fresh keeps them
         result = CliRunner().invoke(app, args + extra)
         assert result.exit_code == 0, result.output + repr(result.exception)
@@ -169,10 +216,10 @@ def test_samples_that_cannot_fit_the_context_are_skipped_and_reported(bench_run,
 
 
 def test_context_fit_sizes_the_engine_to_the_longest_runnable_sample():
+    from selfspec.testing.tiny import tiny_tokenizer
+    from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
     from selfspec_bench.context_fit import CLOSE_MARGIN, fit_to_context
     from selfspec_bench.datasets.sample import BenchSample, user_message
-    from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
-    from selfspec.testing.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     fmt = ThinkingFormat.detect(tok)
@@ -191,8 +238,20 @@ def test_context_fit_sizes_the_engine_to_the_longest_runnable_sample():
 def test_max_len_fixes_the_engine_size_and_rejects_too_short(bench_run, tmp_path: Path):
     _, _, root = bench_run
     out = tmp_path / "m.jsonl"
-    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
-            "--out", str(out)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--limit",
+        "1",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline",
+        *LIMITS,
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args + ["--max-len", "1000"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     record = json.loads(out.read_text().splitlines()[0])
@@ -208,25 +267,71 @@ def test_token_buckets_are_recorded_and_validated(bench_run, tmp_path):
     assert all(r["token_buckets"] == [1, 2, 4, 8, 16, 32, 64] for r in records)  # the default, recorded
     model_dir = root / "m"
     out = tmp_path / "b.jsonl"
-    ok = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "1", "--model", str(model_dir), "--modes", "baseline",
-                                  *LIMITS, "--token-buckets", "1,2,4,16,64", "--out", str(out)])
+    ok = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--limit",
+            "1",
+            "--model",
+            str(model_dir),
+            "--modes",
+            "baseline",
+            *LIMITS,
+            "--token-buckets",
+            "1,2,4,16,64",
+            "--out",
+            str(out),
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["token_buckets"] == [1, 2, 4, 16, 64]
     for bad in ("4,2", "0,4", "x"):
-        result = CliRunner().invoke(app, ["bench", "--model", str(model_dir), "--token-buckets", bad, "--out", str(out)])
+        result = CliRunner().invoke(
+            app, ["bench", "--model", str(model_dir), "--token-buckets", bad, "--out", str(out)]
+        )
         assert result.exit_code == 2 and "--token-buckets" in result.output, (bad, result.output)
 
 
 def test_ids_select_samples_and_unknown_ids_are_a_clear_error(bench_run, tmp_path):
     _, _, root = bench_run
     out = tmp_path / "ids.jsonl"
-    ok = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--ids", "HumanEval/3,HumanEval/1", "--model", str(root / "m"),
-                                  "--modes", "baseline", *LIMITS, "--out", str(out)])
+    ok = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--ids",
+            "HumanEval/3,HumanEval/1",
+            "--model",
+            str(root / "m"),
+            "--modes",
+            "baseline",
+            *LIMITS,
+            "--out",
+            str(out),
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     assert [json.loads(line)["sample_id"] for line in out.read_text().splitlines()] == ["HumanEval/1", "HumanEval/3"]
-    bad = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--ids", "HumanEval/1,HumanEval/999", "--model", str(root / "m"),
-                                   "--out", str(out)])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--ids",
+            "HumanEval/1,HumanEval/999",
+            "--model",
+            str(root / "m"),
+            "--out",
+            str(out),
+        ],
+    )
     assert bad.exit_code == 2 and "HumanEval/999" in bad.output
 
 
@@ -236,8 +341,20 @@ def test_a_named_run_does_not_resume_from_an_unnamed_one(bench_run, tmp_path):
     _, out, root = bench_run
     shared = tmp_path / "shared.jsonl"
     shared.write_text(out.read_text())
-    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
-            "--out", str(shared)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--limit",
+        "1",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline",
+        *LIMITS,
+        "--out",
+        str(shared),
+    ]
     for extra in (["--run-name", "ablation"], ["--run-name", "ablation"], []):  # rerun: resumes; unnamed: all done
         result = CliRunner().invoke(app, args + extra)
         assert result.exit_code == 0, result.output
@@ -248,13 +365,23 @@ def test_a_named_run_does_not_resume_from_an_unnamed_one(bench_run, tmp_path):
 
 
 def test_a_larger_limit_resumes_the_same_file_where_it_stopped(bench_run, tmp_path):
-    """A queue line whose `--limit` grew (session 17's ablation ran 0-49 and was cut off at 28; the next
-    session's line asks for 0-99 in the same file) reruns nothing that is recorded, adds the new samples,
-    and gives them the place in the mode order a single run of the larger limit would have given them."""
+    """A command whose `--limit` grew (a run of samples 0-49 cut off at 28, then the same file asked for
+    0-99) reruns nothing that is recorded, adds the new samples, and gives them the place in the mode
+    order a single run of the larger limit would have given them."""
     _, _, root = bench_run
     out = tmp_path / "grow.jsonl"
-    args = ["bench", "-b", "humaneval", "--model", str(root / "m"), "--modes", "baseline,prefix+suffix", *LIMITS,
-            "--out", str(out)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline,prefix+suffix",
+        *LIMITS,
+        "--out",
+        str(out),
+    ]
     first = CliRunner().invoke(app, args + ["--limit", "1"])
     assert first.exit_code == 0, first.output
     before = out.read_text()
@@ -263,13 +390,19 @@ def test_a_larger_limit_resumes_the_same_file_where_it_stopped(bench_run, tmp_pa
     assert out.read_text().startswith(before)  # the recorded sample is neither rerun nor rewritten
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["sample_id"], r["mode"]) for r in records] == [
-        ("HumanEval/0", "baseline"), ("HumanEval/0", "prefix+suffix"),
-        ("HumanEval/1", "baseline"), ("HumanEval/1", "prefix+suffix"),
+        ("HumanEval/0", "baseline"),
+        ("HumanEval/0", "prefix+suffix"),
+        ("HumanEval/1", "baseline"),
+        ("HumanEval/1", "prefix+suffix"),
     ]
     places = {(r["sample_id"], r["mode"]): r["run_position"] for r in records}
     # The order rotates by the sample's index in the selection, not by how many were left to run.
-    assert places == {("HumanEval/0", "baseline"): 1, ("HumanEval/0", "prefix+suffix"): 2,
-                      ("HumanEval/1", "prefix+suffix"): 1, ("HumanEval/1", "baseline"): 2}
+    assert places == {
+        ("HumanEval/0", "baseline"): 1,
+        ("HumanEval/0", "prefix+suffix"): 2,
+        ("HumanEval/1", "prefix+suffix"): 1,
+        ("HumanEval/1", "baseline"): 2,
+    }
     assert all(r["exact_match"] is True for r in records if r["mode"] != "baseline")
 
 
@@ -304,22 +437,44 @@ def test_mode_order_rotates_through_the_baseline_and_records_are_written_baselin
     monkeypatch.setattr(runner, "run_engine_mode", spy)
     model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
-                                      "--modes", "baseline,prefix+suffix", *LIMITS, "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--limit",
+            "2",
+            "--model",
+            str(model_dir),
+            "--modes",
+            "baseline,prefix+suffix",
+            *LIMITS,
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output + repr(result.exception)
-    assert calls == [("HumanEval/0", "baseline"), ("HumanEval/0", "prefix+suffix"),
-                     ("HumanEval/1", "prefix+suffix"), ("HumanEval/1", "baseline")]
+    assert calls == [
+        ("HumanEval/0", "baseline"),
+        ("HumanEval/0", "prefix+suffix"),
+        ("HumanEval/1", "prefix+suffix"),
+        ("HumanEval/1", "baseline"),
+    ]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["sample_id"], r["mode"], r["run_position"]) for r in records] == [
-        ("HumanEval/0", "baseline", 1), ("HumanEval/0", "prefix+suffix", 2),
-        ("HumanEval/1", "baseline", 2), ("HumanEval/1", "prefix+suffix", 1)]
+        ("HumanEval/0", "baseline", 1),
+        ("HumanEval/0", "prefix+suffix", 2),
+        ("HumanEval/1", "baseline", 2),
+        ("HumanEval/1", "prefix+suffix", 1),
+    ]
     assert all(r["exact_match"] is True for r in records)
     assert records[3]["first_divergence"] is None  # compared token by token with a baseline that ran after it
 
 
 def test_every_sample_gets_short_untimed_runs_before_its_timed_ones(tmp_path: Path, monkeypatch):
     """The first timed run of a sample must not pay for its prompt's first prefill or an idle
-    GPU (session 11: +7-15% per forward at place 1 in every mode): each group is warmed with
+    GPU (on an H200: +7-15% per forward at place 1 in every mode): each group is warmed with
     short runs of its own samples, and `--no-group-warm-up` turns that off."""
     from selfspec_bench import runner
 
@@ -334,8 +489,24 @@ def test_every_sample_gets_short_untimed_runs_before_its_timed_ones(tmp_path: Pa
         monkeypatch.setattr(runner, "run_engine_mode", spy)
         model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
         out = tmp_path / f"r{len(flag)}.jsonl"
-        result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
-                                          "--modes", "baseline,prefix+suffix", *LIMITS, "--out", str(out), *flag])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "-b",
+                "humaneval",
+                "--limit",
+                "2",
+                "--model",
+                str(model_dir),
+                "--modes",
+                "baseline,prefix+suffix",
+                *LIMITS,
+                "--out",
+                str(out),
+                *flag,
+            ],
+        )
         assert result.exit_code == 0, result.output + repr(result.exception)
         records = [json.loads(line) for line in out.read_text().splitlines()]
         assert all(r["group_warm_up"] is (not flag) for r in records)
@@ -343,7 +514,10 @@ def test_every_sample_gets_short_untimed_runs_before_its_timed_ones(tmp_path: Pa
 
     warmed = run([])
     second = warmed.index(("HumanEval/1", "prefix+suffix", "timed"))
-    assert warmed[second - 2:second] == [("HumanEval/1", "baseline", "short"), ("HumanEval/1", "prefix+suffix", "short")]
+    assert warmed[second - 2 : second] == [
+        ("HumanEval/1", "baseline", "short"),
+        ("HumanEval/1", "prefix+suffix", "short"),
+    ]
     cold = run(["--no-group-warm-up"])
     assert not [c for c in cold if c[0] == "HumanEval/1" and c[2] == "short"]
 
@@ -366,9 +540,25 @@ def test_global_suffix_history_does_not_leak_a_sample_between_its_own_mode_runs(
     monkeypatch.setattr(runner, "run_engine_mode", spy)
     model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "2", "--model", str(model_dir),
-                                      "--modes", "baseline,prefix+suffix,suffix", "--suffix-sources", "draft,global",
-                                      *LIMITS, "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--limit",
+            "2",
+            "--model",
+            str(model_dir),
+            "--modes",
+            "baseline,prefix+suffix,suffix",
+            "--suffix-sources",
+            "draft,global",
+            *LIMITS,
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output + repr(result.exception)
     first = {s[2:] for s in seen if s[0] == "HumanEval/0"}
     second = {s[2:] for s in seen if s[0] == "HumanEval/1"}
@@ -380,34 +570,52 @@ def test_global_suffix_history_does_not_leak_a_sample_between_its_own_mode_runs(
 
 def test_records_append_after_a_torn_last_line(tmp_path: Path):
     """A run killed while writing leaves a torn last line; the next run's records start on a
-    line of their own (the torn one is skipped by readers, not glued to a new record)."""
-    from selfspec_bench.runner import _append_lines
+    line of their own (the torn one is dropped, not glued to a new record)."""
+    from selfspec_bench.jsonl import append_jsonl
 
     path = tmp_path / "r.jsonl"
     path.write_text('{"sample_id": "a"}\n{"sample_id": "b", "mo')
-    _append_lines(path, ['{"sample_id": "c"}', '{"sample_id": "d"}'])
-    assert path.read_text().splitlines()[2:] == ['{"sample_id": "c"}', '{"sample_id": "d"}']
-    _append_lines(path, ['{"sample_id": "e"}'])
+    append_jsonl(path, [{"sample_id": "c"}, {"sample_id": "d"}])
+    assert path.read_text().splitlines() == ['{"sample_id": "a"}', '{"sample_id": "c"}', '{"sample_id": "d"}']
+    append_jsonl(path, [{"sample_id": "e"}])
     assert path.read_text().endswith('{"sample_id": "d"}\n{"sample_id": "e"}\n')
 
 
 def test_records_say_whether_other_processes_shared_the_gpu(tmp_path: Path, monkeypatch):
-    """Session 13 ran two queues on one GPU and every forward took ~2x as long: a sample's records
+    """Two bench processes on one GPU make every forward take ~2x as long: a sample's records
     carry the most other processes seen on the device just before and just after its timed runs
     (asked before the warm-up and after each sample, never between a warm-up and its timed runs;
     None where the device cannot tell); a CPU run asks nothing."""
     from selfspec_bench import cli
 
     answers = iter([None, None, 3, 0])  # before the warm-up, then after each of the 3 samples
-    monkeypatch.setattr(cli, "co_tenant_probe", lambda device: (lambda: next(answers)))
+    monkeypatch.setattr(cli, "co_tenant_probe", lambda device: lambda: next(answers))
     model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["bench", "-b", "humaneval", "--limit", "3", "--model", str(model_dir),
-                                      "--modes", "baseline,prefix+suffix", *LIMITS, "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "-b",
+            "humaneval",
+            "--limit",
+            "3",
+            "--model",
+            str(model_dir),
+            "--modes",
+            "baseline,prefix+suffix",
+            *LIMITS,
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output + repr(result.exception)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert {(r["sample_id"], r["gpu_co_tenants"]) for r in records} == {
-        ("HumanEval/0", None), ("HumanEval/1", 3), ("HumanEval/2", 3)}
+        ("HumanEval/0", None),
+        ("HumanEval/1", 3),
+        ("HumanEval/2", 3),
+    }
     assert next(answers, "used up") == "used up"
     monkeypatch.undo()
     assert cli.co_tenant_probe("cpu") is None
@@ -420,8 +628,20 @@ def test_a_given_tokenizer_is_used_and_recorded_and_a_wrong_path_is_a_clear_erro
     given = tmp_path / "tok"
     tiny_tokenizer().save_pretrained(given)
     out = tmp_path / "t.jsonl"
-    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
-            "--out", str(out)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--limit",
+        "1",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline",
+        *LIMITS,
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args + ["--tokenizer", str(given)])
     assert result.exit_code == 0, result.output + repr(result.exception)
     record = json.loads(out.read_text().splitlines()[0])
@@ -433,12 +653,24 @@ def test_a_given_tokenizer_is_used_and_recorded_and_a_wrong_path_is_a_clear_erro
 def test_resuming_onto_records_of_another_tokenizer_is_refused(bench_run, tmp_path: Path):
     _, _, root = bench_run
     out = tmp_path / "r.jsonl"
-    args = ["bench", "-b", "humaneval", "--limit", "2", "--model", str(root / "m"), "--modes", "baseline", *LIMITS,
-            "--out", str(out)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--limit",
+        "2",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline",
+        *LIMITS,
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args[:4] + ["1"] + args[5:])  # the first sample only
     assert result.exit_code == 0, result.output + repr(result.exception)
     first = json.loads(out.read_text().splitlines()[0])
-    # The same run, but as if its prompts had been tokenized another way (sessions 8-14's Gemma).
+    # The same run, but as if its prompts had been tokenized another way (a wrongly built GGUF tokenizer).
     first["tokenizer_summary"] = {**first["tokenizer_summary"], "probe_chars_per_token": 1.0}
     out.write_text(json.dumps(first) + "\n")
     result = CliRunner().invoke(app, args)
@@ -454,13 +686,31 @@ def test_a_draft_budget_sweep_runs_once_per_budget_and_the_report_plots_each(ben
     _, _, root = bench_run
     out = tmp_path / "sweep.jsonl"
     limits = ["--cot-cap", "24", "--max-draft", "16", "--answer-cap", "16"]
-    args = ["bench", "-b", "humaneval", "--limit", "1", "--model", str(root / "m"), "--modes", "baseline,prefix+suffix",
-            *limits, "--draft-budget", "6,12", "--out", str(out)]
+    args = [
+        "bench",
+        "-b",
+        "humaneval",
+        "--limit",
+        "1",
+        "--model",
+        str(root / "m"),
+        "--modes",
+        "baseline,prefix+suffix",
+        *limits,
+        "--draft-budget",
+        "6,12",
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["settings"]["draft_budget"], r["mode"]) for r in records) == [
-        (6, "baseline"), (6, "prefix+suffix"), (12, "baseline"), (12, "prefix+suffix")]
+        (6, "baseline"),
+        (6, "prefix+suffix"),
+        (12, "baseline"),
+        (12, "prefix+suffix"),
+    ]
     assert all(r["exact_match"] is True for r in records)
     for r in records:
         assert f"--draft-budget {r['settings']['draft_budget']} " in r["command"]
@@ -479,6 +729,7 @@ def test_a_draft_budget_sweep_runs_once_per_budget_and_the_report_plots_each(ben
 @pytest.mark.parametrize("budgets", ["0", "abc", "8,8", ",", "8,-1"])
 def test_bad_draft_budgets_are_a_clear_error(budgets: str, tmp_path: Path):
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["bench", "--limit", "1", "--model", "nowhere", "--draft-budget", budgets,
-                                      "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["bench", "--limit", "1", "--model", "nowhere", "--draft-budget", budgets, "--out", str(out)]
+    )
     assert result.exit_code == 2 and "--draft-budget" in result.output and not out.exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+
 import pytest
 
 from selfspec_bench import available_benchmarks, load_benchmark
@@ -17,8 +18,9 @@ from selfspec_bench.datasets.paths import shared_datasets_dir
 LONGPROC_DIR = default_data_dir()
 CLASSEVAL_FILE = shared_datasets_dir() / "classeval" / "ClassEval_data.json"
 
-needs_shared = pytest.mark.skipif(not LONGPROC_DIR.is_dir() or not CLASSEVAL_FILE.is_file(),
-                                  reason="shared datasets directory not present")
+needs_shared = pytest.mark.skipif(
+    not LONGPROC_DIR.is_dir() or not CLASSEVAL_FILE.is_file(), reason="shared datasets directory not present"
+)
 
 
 def _user_text(sample) -> str:
@@ -37,6 +39,7 @@ def test_registry_lists_every_benchmark():
 
 
 # ---- counts on the real files -------------------------------------------------------
+
 
 @pytest.mark.parametrize("name, expected", [("humaneval", 164), ("gsm8k", 1319), ("mbpp", 500), ("math500", 500)])
 def test_wheel_benchmarks_counts_and_unique_ids(name, expected):
@@ -80,6 +83,7 @@ def test_limit_and_offset_window():
 
 
 # ---- prompt contents ----------------------------------------------------------------
+
 
 def test_humaneval_prompt_contains_function_and_instruction():
     sample = load_benchmark("humaneval", limit=1)[0]
@@ -144,7 +148,8 @@ def test_countdown_search_reproduces_the_datasets_traces():
     for item in items:
         solution, trace = solve_with_trace(item["nums"], item["target"])
         legacy = trace.replace("# Search Procedure\n", "<Search Procedure>\n", 1).replace(
-            "\n\nNow we have found", "\n</Search Procedure>\n\nNow we have found", 1)
+            "\n\nNow we have found", "\n</Search Procedure>\n\nNow we have found", 1
+        )
         assert legacy == item["demonstration"]
         assert "\n".join(solution) == item["solution_text"]
 
@@ -178,9 +183,17 @@ def test_longproc_prompts_are_filled_templates():
 
 # ---- path / data_dir overrides with small files -------------------------------------
 
+
 def test_humaneval_path_option(tmp_path):
-    rows = [{"task_id": "Mini/0", "prompt": "def f(x):\n    \"\"\"Double.\"\"\"\n", "entry_point": "f",
-             "canonical_solution": "    return 2 * x\n", "test": "def check(c):\n    assert c(2) == 4\n"}]
+    rows = [
+        {
+            "task_id": "Mini/0",
+            "prompt": 'def f(x):\n    """Double."""\n',
+            "entry_point": "f",
+            "canonical_solution": "    return 2 * x\n",
+            "test": "def check(c):\n    assert c(2) == 4\n",
+        }
+    ]
     target = tmp_path / "mini.jsonl.gz"
     with gzip.open(target, "wt", encoding="utf-8") as handle:
         handle.write("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -205,14 +218,33 @@ def test_olmo_style_path_options(tmp_path):
 
     math = tmp_path / "math.jsonl.gz"
     with gzip.open(math, "wt", encoding="utf-8") as handle:
-        handle.write(json.dumps({"index": 3, "problem": "Compute 1/2.", "solution": "It is $\\boxed{\\frac12}$.",
-                                 "answer": "\\frac{1}{2}"}) + "\n")
+        handle.write(
+            json.dumps(
+                {
+                    "index": 3,
+                    "problem": "Compute 1/2.",
+                    "solution": "It is $\\boxed{\\frac12}$.",
+                    "answer": "\\frac{1}{2}",
+                }
+            )
+            + "\n"
+        )
     sample = load_benchmark("math500", path=math)[0]
     assert sample.id == "math500/3" and sample.reference["answer"] == "\\frac12"
 
     mbpp = tmp_path / "mbpp.jsonl"
-    mbpp.write_text(json.dumps({"task_id": 1, "text": "Add.", "code": "def add(a, b):\n    return a + b",
-                                "test_list": ["assert add(1, 2) == 3"], "test_setup_code": ""}) + "\n")
+    mbpp.write_text(
+        json.dumps(
+            {
+                "task_id": 1,
+                "text": "Add.",
+                "code": "def add(a, b):\n    return a + b",
+                "test_list": ["assert add(1, 2) == 3"],
+                "test_setup_code": "",
+            }
+        )
+        + "\n"
+    )
     sample = load_benchmark("mbpp", path=mbpp)[0]
     assert sample.id == "mbpp/1" and sample.reference["entry_point"] == "add"
 
@@ -239,6 +271,7 @@ def test_longproc_path_and_data_dir_options(tmp_path, task):
 
 
 # ---- missing files --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["humaneval", "classeval", "gsm8k", "mbpp", "math500", "longproc/countdown"])
 def test_missing_path_names_path_and_option(tmp_path, name):

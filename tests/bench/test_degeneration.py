@@ -75,8 +75,12 @@ def _references() -> dict[str, list[str]]:
     if classeval_path().is_file():
         data = json.loads(classeval_path().read_text())
         refs["classeval"] = [c["solution_code"] for c in data] + [c["test"] for c in data]
-    fields = {"countdown": "demonstration", "html_to_tsv": "gt", "path_traversal": "answer_nl",
-              "tom_tracking": "solution"}
+    fields = {
+        "countdown": "demonstration",
+        "html_to_tsv": "gt",
+        "path_traversal": "answer_nl",
+        "tom_tracking": "solution",
+    }
     for task, field in fields.items():
         for path in sorted((default_data_dir() / task).glob("*.json")):
             refs[f"longproc/{task}"] = [row[field] for row in json.loads(path.read_text())]
@@ -92,7 +96,9 @@ def test_no_reference_answer_is_judged_a_loop():
         # characters of repeated block and 16 counting terms).
         longest_block = max(repeated_block_span(t)[1] for t in texts)
         longest_count = max(longest_counting_run(t) for t in texts)
-        assert longest_block < BLOCK_MIN_CHARS // 2, f"{name}: a reference repeats a block over {longest_block} characters"
+        assert longest_block < BLOCK_MIN_CHARS // 2, (
+            f"{name}: a reference repeats a block over {longest_block} characters"
+        )
         assert longest_count < COUNTING_MIN_TERMS // 2, f"{name}: a reference counts {longest_count} numbers in a row"
     if len(refs) < 7:
         pytest.skip("shared datasets not present: only HumanEval's references were checked")
@@ -101,17 +107,38 @@ def test_no_reference_answer_is_judged_a_loop():
 def test_report_reclassifies_old_records_from_their_text(tmp_path):
     """Records written before the text measures existed are re-judged on load, so the report's
     loop-free table leaves out a counting baseline that was written with loop false."""
+
     def rec(sample: str, mode: str, text: str, latency: float) -> dict:
-        return {"sample_id": sample, "mode": mode, "model": "m", "benchmark": "b", "settings": {"cot_cap": 4},
-                "latency_s": latency, "answer_text": text, "answer_distinct4": 0.9, "loop": False,
-                "output_hash": "h", "exact_match": True}
+        return {
+            "sample_id": sample,
+            "mode": mode,
+            "model": "m",
+            "benchmark": "b",
+            "settings": {"cot_cap": 4},
+            "latency_s": latency,
+            "answer_text": text,
+            "answer_distinct4": 0.9,
+            "loop": False,
+            "output_hash": "h",
+            "exact_match": True,
+        }
+
     counting = ", ".join(str(n) for n in range(200))
     path = tmp_path / "r.jsonl"
-    rows = [rec("s1", "baseline", counting, 2.0), rec("s1", "suffix", counting, 1.0),
-            rec("s2", "baseline", PROSE, 2.0), rec("s2", "suffix", PROSE, 2.0)]
+    rows = [
+        rec("s1", "baseline", counting, 2.0),
+        rec("s1", "suffix", counting, 1.0),
+        rec("s2", "baseline", PROSE, 2.0),
+        rec("s2", "suffix", PROSE, 2.0),
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     records = load_records([path])
-    assert {r["sample_id"]: r["loop_kind"] for r in records if r["mode"] == "baseline"} == {"s1": "counting run", "s2": None}
+    assert {r["sample_id"]: r["loop_kind"] for r in records if r["mode"] == "baseline"} == {
+        "s1": "counting run",
+        "s2": None,
+    }
     out = tmp_path / "report"
     text = build_report([path], out).read_text()
-    assert "1 of 2 samples excluded because their baseline answer is a loop (1 by a counting run of >= 64 numbers)" in text
+    assert (
+        "1 of 2 samples excluded because their baseline answer is a loop (1 by a counting run of >= 64 numbers)" in text
+    )

@@ -10,10 +10,25 @@ from typer.testing import CliRunner
 def test_draft_batching_benchmark_on_the_tiny_model(tmp_path, repo_script):
     module = repo_script("benchmarks/draft_batching.py")
     out = tmp_path / "db"
-    result = CliRunner().invoke(module.app, [
-        "--model", "tiny", "--draft", "layers:1", "--prompts", "3", "--max-tokens", "12", "--k", "4",
-        "--repeats", "1", "--out", str(out),
-    ])
+    result = CliRunner().invoke(
+        module.app,
+        [
+            "--model",
+            "tiny",
+            "--draft",
+            "layers:1",
+            "--prompts",
+            "3",
+            "--max-tokens",
+            "12",
+            "--k",
+            "4",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "results.json").read_text())
     assert summary["same_outputs"] is True

@@ -2,30 +2,60 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from selfspec_bench.records import ReportError, group_records, load_records
+from selfspec_bench.jsonl import append_jsonl
+from selfspec_bench.modes import BenchSettings
+from selfspec_bench.paper import PAPER_LATENCY_REDUCTION_PCT, ours_beside_theirs, verdict
+from selfspec_bench.records import ReportError, group_records, latency_reduction_ci, load_records
 from selfspec_bench.report import build_report
+from selfspec_bench.run_checks import divergence_summary, exactness_by_source
+from selfspec_bench.runner import _baseline_hashes, completed_pairs, divergence_fields, first_divergence
+from selfspec_bench.tables import divergence_lines, exactness_by_source_lines
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _settings(budget: int = 100) -> dict:
-    return {"cot_cap": 400, "answer_cap": 300, "draft_budget": budget, "draft_interval": budget,
-            "max_draft_len": 300, "fixed_length": True, "suffix": {"max_depth": 4}, "suffix_sources": ["draft"]}
+    return {
+        "cot_cap": 400,
+        "answer_cap": 300,
+        "draft_budget": budget,
+        "draft_interval": budget,
+        "max_draft_len": 300,
+        "fixed_length": True,
+        "suffix": {"max_depth": 4},
+        "suffix_sources": ["draft"],
+    }
 
 
 def _rec(sample: str, mode: str, latency: float, *, model: str = "tiny", budget: int = 100, **extra) -> dict:
     rec = {
-        "sample_id": sample, "benchmark": "humaneval", "mode": mode, "model": model, "settings": _settings(budget),
-        "device": "cpu", "dtype": "float32", "command": "selfspec bench -b humaneval", "date": "2026-01-02",
-        "versions": {"torch": "2.x"}, "latency_s": latency, "thinking_s": latency / 2,
-        "first_answer_token_s": latency / 2 + 0.1, "cot_tokens": 100, "answer_tokens": 100,
-        "accepted_prefix": 0, "suffix_accepted_tokens": 0, "oracle_speedup": 2.0, "loop": False, "exact_match": True,
+        "sample_id": sample,
+        "benchmark": "humaneval",
+        "mode": mode,
+        "model": model,
+        "settings": _settings(budget),
+        "device": "cpu",
+        "dtype": "float32",
+        "command": "selfspec bench -b humaneval",
+        "date": "2026-01-02",
+        "versions": {"torch": "2.x"},
+        "latency_s": latency,
+        "thinking_s": latency / 2,
+        "first_answer_token_s": latency / 2 + 0.1,
+        "cot_tokens": 100,
+        "answer_tokens": 100,
+        "accepted_prefix": 0,
+        "suffix_accepted_tokens": 0,
+        "oracle_speedup": 2.0,
+        "loop": False,
+        "exact_match": True,
     }
     rec.update(extra)
     return rec
@@ -41,15 +71,28 @@ def report(tmp_path: Path):
     """Three samples; s2's baseline loops; prefix s0 re-run (the later file must win)."""
     old = [_rec("s0", "prefix", 100.0)]  # stale: replaced by the record in the second file
     new = [
-        _rec("s0", "baseline", 10.0), _rec("s1", "baseline", 20.0), _rec("s2", "baseline", 30.0, loop=True),
+        _rec("s0", "baseline", 10.0),
+        _rec("s1", "baseline", 20.0),
+        _rec("s2", "baseline", 30.0, loop=True),
         _rec("s0", "prefix", 5.0, accepted_prefix=10, suffix_accepted_tokens=4, passed=True),
         _rec("s1", "prefix", 10.0, accepted_prefix=20, suffix_accepted_tokens=8, exact_match=False, passed=False),
         _rec("s2", "prefix", 30.0, accepted_prefix=60, oracle_speedup=3.0, loop=True),
         # transformers generate: no timing split, no oracle field -> derived from token counts.
-        {"sample_id": "s0", "benchmark": "humaneval", "mode": "hf-generate", "model": "tiny", "dtype": "float32",
-         "settings": _settings(), "latency_s": 8.0, "cot_tokens": 100, "answer_tokens": 100, "exact_match": True},
+        {
+            "sample_id": "s0",
+            "benchmark": "humaneval",
+            "mode": "hf-generate",
+            "model": "tiny",
+            "dtype": "float32",
+            "settings": _settings(),
+            "latency_s": 8.0,
+            "cot_tokens": 100,
+            "answer_tokens": 100,
+            "exact_match": True,
+        },
         # a second budget of the same settings: shares the budget plot, gets its own table.
-        _rec("s0", "baseline", 10.0, budget=200), _rec("s0", "prefix", 4.0, budget=200),
+        _rec("s0", "baseline", 10.0, budget=200),
+        _rec("s0", "prefix", 4.0, budget=200),
         # a model with no baseline at all.
         _rec("s0", "prefix", 7.0, model="other"),
     ]
@@ -132,7 +175,7 @@ def test_markdown_rows_paper_numbers_metadata_and_plots(report):
 def test_rerun_removes_plots_of_groups_no_longer_reported(tmp_path: Path):
     out = tmp_path / "rep"
     out.mkdir()
-    stale = out / "latency_07_gone_model_humaneval.png"  # named by place, as reports before session 16
+    stale = out / "latency_07_gone_model_humaneval.png"  # named by its place in the report: the other scheme
     stale.write_bytes(PNG_MAGIC)
     stale_hashed = out / "budget_gone_model_humaneval_0123abcd.png"
     stale_hashed.write_bytes(PNG_MAGIC)
@@ -167,8 +210,12 @@ def test_runs_that_end_inside_thinking_are_counted_and_the_first_answer_mean_say
     """Natural lengths: a model that stops (EOS) before closing thinking has no answer and no
     first answer token; the table counts such runs instead of averaging only the others silently."""
     no_answer = {"answer_tokens": 0, "first_answer_token_s": None, "thinking_closed_by": ""}
-    records = [_rec("s0", "baseline", 2.0), _rec("s1", "baseline", 1.0, **no_answer),
-               _rec("s0", "prefix", 1.0), _rec("s1", "prefix", 1.0, **no_answer)]
+    records = [
+        _rec("s0", "baseline", 2.0),
+        _rec("s1", "baseline", 1.0, **no_answer),
+        _rec("s0", "prefix", 1.0),
+        _rec("s1", "prefix", 1.0, **no_answer),
+    ]
     out = tmp_path / "rep"
     md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
     modes = json.loads((out / "summary.json").read_text())["groups"][0]["modes"]
@@ -179,10 +226,14 @@ def test_runs_that_end_inside_thinking_are_counted_and_the_first_answer_mean_say
 
 
 def test_time_per_forward_by_place_in_the_run_order(tmp_path: Path):
-    """With the order rotated, a place that costs more shows in every mode (session 10: the
-    always-first baseline ran ~9% slower per forward)."""
-    records = [_rec("s0", "baseline", 1.1, forwards=100, run_position=1), _rec("s0", "prefix", 1.0, forwards=100, run_position=2),
-               _rec("s1", "prefix", 1.1, forwards=100, run_position=1), _rec("s1", "baseline", 1.0, forwards=100, run_position=2)]
+    """With the order rotated, a place that costs more shows in every mode (a mode always run
+    first, as the baseline once was, can run ~9% slower per forward there)."""
+    records = [
+        _rec("s0", "baseline", 1.1, forwards=100, run_position=1),
+        _rec("s0", "prefix", 1.0, forwards=100, run_position=2),
+        _rec("s1", "prefix", 1.1, forwards=100, run_position=1),
+        _rec("s1", "baseline", 1.0, forwards=100, run_position=2),
+    ]
     out = tmp_path / "rep"
     md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
     check = json.loads((out / "summary.json").read_text())["groups"][0]["run_position_check"]
@@ -192,15 +243,22 @@ def test_time_per_forward_by_place_in_the_run_order(tmp_path: Path):
     assert "| baseline | 11.000 (1) | 10.000 (1) |" in md
     # records from before run_position: no table
     old = [{k: v for k, v in r.items() if k != "run_position"} for r in records]
-    assert "by place in the run order" not in build_report([_write(tmp_path / "o.jsonl", old)], tmp_path / "o").read_text()
+    assert (
+        "by place in the run order" not in build_report([_write(tmp_path / "o.jsonl", old)], tmp_path / "o").read_text()
+    )
 
 
 def test_place_tables_split_by_the_per_sample_warm_up(tmp_path: Path):
     """Records with and without the per-sample warm-up get a place table each, so a run resumed
     across the change shows whether the warm-up removed the first place's cost."""
-    cold = [_rec("s0", "baseline", 1.2, forwards=100, run_position=1), _rec("s0", "prefix", 1.0, forwards=100, run_position=2)]
-    warm = [_rec("s1", "prefix", 1.0, forwards=100, run_position=1, group_warm_up=True),
-            _rec("s1", "baseline", 1.0, forwards=100, run_position=2, group_warm_up=True)]
+    cold = [
+        _rec("s0", "baseline", 1.2, forwards=100, run_position=1),
+        _rec("s0", "prefix", 1.0, forwards=100, run_position=2),
+    ]
+    warm = [
+        _rec("s1", "prefix", 1.0, forwards=100, run_position=1, group_warm_up=True),
+        _rec("s1", "baseline", 1.0, forwards=100, run_position=2, group_warm_up=True),
+    ]
     md = build_report([_write(tmp_path / "r.jsonl", cold + warm)], tmp_path / "rep").read_text()
     without = md.index("samples without the per-sample warm-up")
     with_ = md.index("samples with the per-sample warm-up")
@@ -231,11 +289,33 @@ def test_missing_file_no_inputs_and_corrupt_middle_line(tmp_path: Path):
         load_records([bad])
 
 
+def test_a_killed_writers_torn_line_is_dropped_before_the_next_records(tmp_path: Path):
+    """A run killed mid-write leaves an unfinished last line; the next append removes it, so the
+    report (which skips a bad *last* line only) reads the resumed file, and a whole last record
+    that merely lacks its newline is kept."""
+    path = _write(tmp_path / "r.jsonl", [_rec("s0", "baseline", 2.0)], tail='{"sample_id": "s1", "mo')
+    append_jsonl(path, [_rec("s1", "baseline", 2.0), _rec("s1", "prefix", 1.0)])
+    assert [r["sample_id"] for r in load_records([path])] == ["s0", "s1", "s1"]
+    assert path.read_text().count("\n") == 3
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text(json.dumps(_rec("s0", "baseline", 2.0)))  # no newline at the end
+    append_jsonl(whole, [_rec("s0", "prefix", 1.0)])
+    assert [r["mode"] for r in load_records([whole])] == ["baseline", "prefix"]
+    only_torn = tmp_path / "torn.jsonl"
+    only_torn.write_text('{"sample_id": "s0", "mo')
+    append_jsonl(only_torn, [_rec("s0", "baseline", 2.0)])
+    assert only_torn.read_text() == json.dumps(_rec("s0", "baseline", 2.0)) + "\n"
+
+
+def test_a_bad_line_followed_only_by_blank_lines_is_the_last_line(tmp_path: Path):
+    path = _write(tmp_path / "r.jsonl", [_rec("s0", "baseline", 2.0)], tail='{"sample_id": "s1", "mo\n\n')
+    assert len(load_records([path])) == 1
+    path.write_text(path.read_text() + json.dumps(_rec("s1", "baseline", 1.0)) + "\n")
+    with pytest.raises(ReportError, match="r.jsonl:2: not JSON"):
+        load_records([path])
+
+
 def test_resume_and_exactness_are_keyed_by_model_and_settings(tmp_path):
-    import json as _json
-
-    from selfspec_bench.runner import _baseline_hashes, completed_pairs
-
     path = tmp_path / "sweep.jsonl"
     a, b = {"draft_budget": 100}, {"draft_budget": 200}
     rows = [
@@ -244,24 +324,29 @@ def test_resume_and_exactness_are_keyed_by_model_and_settings(tmp_path):
         {"sample_id": "s1", "mode": "baseline", "model": "m", "settings": b, "output_hash": "h2"},
         {"sample_id": "s1", "mode": "baseline", "model": "other", "settings": a, "output_hash": "h3"},
     ]
-    path.write_text("\n".join(_json.dumps(r) for r in rows) + "\n{\"cut")
+    path.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"cut')
     assert completed_pairs(path, "m", a) == {("s1", "baseline"), ("s1", "prefix")}
     assert completed_pairs(path, "m", b) == {("s1", "baseline")}
     assert _baseline_hashes(path, "m", b) == {"s1": "h2"}
     assert _baseline_hashes(path, "other", a) == {"s1": "h3"}
     # A bf16 run does not resume from fp32 records of the same settings.
     typed = tmp_path / "typed.jsonl"
-    typed.write_text(_json.dumps({**rows[0], "dtype": "float32"}) + "\n")
+    typed.write_text(json.dumps({**rows[0], "dtype": "float32"}) + "\n")
     assert completed_pairs(typed, "m", a, "bfloat16") == set()
     assert completed_pairs(typed, "m", a, "float32") == {("s1", "baseline")}
 
 
 def test_fp32_and_bf16_runs_get_their_own_tables(tmp_path):
     """Same settings in two dtypes: two groups, neither record replaces the other."""
-    path = _write(tmp_path / "two.jsonl", [
-        _rec("s0", "baseline", 2.0), _rec("s0", "prefix", 1.0),
-        _rec("s0", "baseline", 1.0, dtype="bfloat16"), _rec("s0", "prefix", 0.8, dtype="bfloat16"),
-    ])
+    path = _write(
+        tmp_path / "two.jsonl",
+        [
+            _rec("s0", "baseline", 2.0),
+            _rec("s0", "prefix", 1.0),
+            _rec("s0", "baseline", 1.0, dtype="bfloat16"),
+            _rec("s0", "prefix", 0.8, dtype="bfloat16"),
+        ],
+    )
     records = load_records([path])
     assert len(records) == 4
     groups = group_records(records)
@@ -272,11 +357,14 @@ def test_fp32_and_bf16_runs_get_their_own_tables(tmp_path):
 def test_pass_rate_is_also_given_for_answers_cut_at_their_end_of_text(tmp_path):
     """Answers forced past the model's own end-of-text are graded whole and cut there; the table
     gives both, and a run with nothing forced shows the one rate it has."""
-    path = _write(tmp_path / "eos.jsonl", [
-        _rec("s0", "baseline", 2.0, passed=False, passed_at_eos=True, forced_past_eos=90),
-        _rec("s1", "baseline", 2.0, passed=False, passed_at_eos=False, forced_past_eos=0),
-        _rec("s0", "baseline", 2.0, model="natural", passed=True, passed_at_eos=True, forced_past_eos=0),
-    ])
+    path = _write(
+        tmp_path / "eos.jsonl",
+        [
+            _rec("s0", "baseline", 2.0, passed=False, passed_at_eos=True, forced_past_eos=90),
+            _rec("s1", "baseline", 2.0, passed=False, passed_at_eos=False, forced_past_eos=0),
+            _rec("s0", "baseline", 2.0, model="natural", passed=True, passed_at_eos=True, forced_past_eos=0),
+        ],
+    )
     out = tmp_path / "rep"
     text = build_report([path], out).read_text()
     assert "| 0% (2); cut at its end-of-text 50% (2) | 0 | 0 | 45 |" in text
@@ -289,22 +377,30 @@ def test_pass_rate_is_also_given_for_answers_cut_at_their_end_of_text(tmp_path):
 def test_a_named_run_pairs_with_its_own_baseline_and_gets_its_own_table(tmp_path):
     """An ablation re-running the baseline beside modes the committed run lacks (`bench --run-name`):
     its baseline must not replace the committed run's, nor pair with that run's modes."""
-    from selfspec_bench.modes import BenchSettings
-    from selfspec_bench.runner import completed_pairs
-
     named = {**_settings(), "run_name": "ablation"}
-    path = _write(tmp_path / "runs.jsonl", [
-        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 5.0),
-        _rec("s0", "baseline", 12.0, settings=named), _rec("s0", "suffix", 6.0, settings=named),
-    ])
+    path = _write(
+        tmp_path / "runs.jsonl",
+        [
+            _rec("s0", "baseline", 10.0),
+            _rec("s0", "prefix+suffix", 5.0),
+            _rec("s0", "baseline", 12.0, settings=named),
+            _rec("s0", "suffix", 6.0, settings=named),
+        ],
+    )
     records = load_records([path])
     assert len(records) == 4  # neither baseline replaces the other
     groups = {g.title: g for g in group_records(records)}
-    plain, ablation = groups["tiny / humaneval, draft budget 100, float32"], groups["tiny / humaneval, draft budget 100, float32, run ablation"]
+    plain, ablation = (
+        groups["tiny / humaneval, draft budget 100, float32"],
+        groups["tiny / humaneval, draft budget 100, float32, run ablation"],
+    )
     assert plain.table()["prefix+suffix"]["speedup"] == pytest.approx(2.0)
     assert ablation.table()["suffix"]["speedup"] == pytest.approx(2.0) and "prefix+suffix" not in ablation.table()
     # Unnamed settings serialise as before (older files still resume); a named run resumes only its own records.
-    assert "run_name" not in BenchSettings().to_dict() and BenchSettings(run_name="ablation").to_dict()["run_name"] == "ablation"
+    assert (
+        "run_name" not in BenchSettings().to_dict()
+        and BenchSettings(run_name="ablation").to_dict()["run_name"] == "ablation"
+    )
     assert completed_pairs(path, "tiny", named, "float32") == {("s0", "baseline"), ("s0", "suffix")}
     assert completed_pairs(path, "tiny", _settings(), "float32") == {("s0", "baseline"), ("s0", "prefix+suffix")}
 
@@ -331,8 +427,6 @@ def test_timing_check_flags_a_batch_that_ran_slow_per_forward(tmp_path: Path):
 
 
 def test_gzipped_inputs_read_like_plain_ones(tmp_path):
-    import gzip
-
     records = [_rec("s0", "baseline", 2.0), _rec("s0", "prefix", 1.0)]
     plain = _write(tmp_path / "r.jsonl", records)
     packed = tmp_path / "r2.jsonl.gz"
@@ -344,11 +438,15 @@ def test_gzipped_inputs_read_like_plain_ones(tmp_path):
 def test_a_model_run_from_a_local_directory_is_named_by_the_directory(tmp_path):
     """A device run of `/tmp/out/x/smollm2-thinker-v3` and a run of the registered name are one
     model in the report; its title and plot names carry no machine path."""
-    path = _write(tmp_path / "d.jsonl", [
-        _rec("s0", "baseline", 2.0, model="/tmp/out/x/smollm2-thinker-v3"),
-        _rec("s0", "prefix", 1.0, model="/tmp/out/x/smollm2-thinker-v3/"),
-        _rec("s1", "baseline", 2.0, model="smollm2-thinker-v3"), _rec("s1", "prefix", 1.0, model="smollm2-thinker-v3"),
-    ])
+    path = _write(
+        tmp_path / "d.jsonl",
+        [
+            _rec("s0", "baseline", 2.0, model="/tmp/out/x/smollm2-thinker-v3"),
+            _rec("s0", "prefix", 1.0, model="/tmp/out/x/smollm2-thinker-v3/"),
+            _rec("s1", "baseline", 2.0, model="smollm2-thinker-v3"),
+            _rec("s1", "prefix", 1.0, model="smollm2-thinker-v3"),
+        ],
+    )
     groups = group_records(load_records([path]))
     assert len(groups) == 1 and groups[0].model == "smollm2-thinker-v3" and groups[0].table()["prefix"]["n"] == 2
     text = build_report([path], tmp_path / "out").read_text()
@@ -356,14 +454,16 @@ def test_a_model_run_from_a_local_directory_is_named_by_the_directory(tmp_path):
 
 
 def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_without_loops(tmp_path: Path):
-    from selfspec_bench.report import PAPER_LATENCY_REDUCTION_PCT, ours_beside_theirs
-
-    records = [r for i in range(6) for r in (_rec(f"s{i}", "baseline", 10.0), _rec(f"s{i}", "prefix+suffix", 5.0 + 0.1 * i))]
+    records = [
+        r for i in range(6) for r in (_rec(f"s{i}", "baseline", 10.0), _rec(f"s{i}", "prefix+suffix", 5.0 + 0.1 * i))
+    ]
     records += [
-        _rec("s9", "baseline", 10.0, loop=True), _rec("s9", "prefix+suffix", 9.0),  # loop: left out of the clean column
+        _rec("s9", "baseline", 10.0, loop=True),
+        _rec("s9", "prefix+suffix", 9.0),  # loop: left out of the clean column
         _rec("t0", "baseline", 10.0, benchmark="thinker/class_synthesis"),
         _rec("t0", "prefix+suffix", 8.0, benchmark="thinker/class_synthesis"),
-        _rec("u0", "baseline", 10.0, benchmark="classeval"), _rec("u0", "prefix", 9.0, benchmark="classeval"),  # no full SSR
+        _rec("u0", "baseline", 10.0, benchmark="classeval"),
+        _rec("u0", "prefix", 9.0, benchmark="classeval"),  # no full SSR
     ]
     md, rows = ours_beside_theirs(group_records(records))
     by_bench = {r["run"].split(" / ")[1].split(",")[0]: r for r in rows}
@@ -373,22 +473,27 @@ def test_ours_beside_theirs_gives_full_ssr_against_the_paper_row_with_and_withou
     assert humaneval["latency_reduction_pct_without_loops"] == pytest.approx(100 * (1 - 31.5 / 60))
     assert humaneval["n_without_loops"] == 6
     low, high = humaneval["latency_reduction_ci95"]
-    assert low < humaneval["latency_reduction_pct"] < high and low > max(PAPER_LATENCY_REDUCTION_PCT["HumanEval"].values())
+    assert low < humaneval["latency_reduction_pct"] < high and low > max(
+        PAPER_LATENCY_REDUCTION_PCT["HumanEval"].values()
+    )
     assert humaneval["paper_row"] == "HumanEval"
-    assert humaneval["verdict"] == humaneval["verdict_without_loops"] == "matches or beats both"  # 42% against 2.9% / 14.6%
+    assert (
+        humaneval["verdict"] == humaneval["verdict_without_loops"] == "matches or beats both"
+    )  # 42% against 2.9% / 14.6%
     assert by_bench["thinker/class_synthesis"]["verdict"] == "no paper row"
     text = "\n".join(md)
     assert "ours beside the paper's rows" in text and "(theirs)" in text and "HumanEval: 2.9% / 14.6%" in text
 
 
-def test_a_loop_dominated_run_gets_no_all_sample_verdict():
+def test_a_loop_dominated_run_gets_no_all_sampleverdict():
     """Two of three baselines loop: the all-sample 'beats the paper' is withheld, the loop-free one stays."""
-    from selfspec_bench.report import ours_beside_theirs
-
     records = [
-        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 9.9),
-        _rec("s1", "baseline", 10.0, loop=True), _rec("s1", "prefix+suffix", 2.0),
-        _rec("s2", "baseline", 10.0, loop=True), _rec("s2", "prefix+suffix", 2.0),
+        _rec("s0", "baseline", 10.0),
+        _rec("s0", "prefix+suffix", 9.9),
+        _rec("s1", "baseline", 10.0, loop=True),
+        _rec("s1", "prefix+suffix", 2.0),
+        _rec("s2", "baseline", 10.0, loop=True),
+        _rec("s2", "prefix+suffix", 2.0),
     ]
     md, (row,) = ours_beside_theirs(group_records(records))
     assert row["latency_reduction_pct"] > 50.0 and (row["baseline_loops"], row["baseline_samples"]) == (2, 3)
@@ -397,15 +502,16 @@ def test_a_loop_dominated_run_gets_no_all_sample_verdict():
     assert "| 2 / 3 |" in "\n".join(md)
 
 
-def test_a_run_where_most_baselines_give_no_answer_gets_no_verdict():
+def test_a_run_where_most_baselines_give_no_answer_gets_noverdict():
     """Natural lengths: two of three baselines end inside thinking; neither verdict compares them with the paper."""
-    from selfspec_bench.report import ours_beside_theirs
-
     no_answer = {"answer_tokens": 0, "first_answer_token_s": None}
     records = [
-        _rec("s0", "baseline", 10.0), _rec("s0", "prefix+suffix", 5.0),
-        _rec("s1", "baseline", 10.0, **no_answer), _rec("s1", "prefix+suffix", 9.0, **no_answer),
-        _rec("s2", "baseline", 10.0, **no_answer), _rec("s2", "prefix+suffix", 9.0, **no_answer),
+        _rec("s0", "baseline", 10.0),
+        _rec("s0", "prefix+suffix", 5.0),
+        _rec("s1", "baseline", 10.0, **no_answer),
+        _rec("s1", "prefix+suffix", 9.0, **no_answer),
+        _rec("s2", "baseline", 10.0, **no_answer),
+        _rec("s2", "prefix+suffix", 9.0, **no_answer),
     ]
     md, (row,) = ours_beside_theirs(group_records(records))
     assert row["baseline_no_answer"] == 2
@@ -414,28 +520,22 @@ def test_a_run_where_most_baselines_give_no_answer_gets_no_verdict():
 
 
 def test_verdict_names_the_model_beaten():
-    from selfspec_bench.report import _verdict
-
-    assert _verdict(10.0, "HumanEval") == "matches or beats Qwen3.5-4B only"
-    assert _verdict(1.0, "HumanEval") == "below both"
-    assert _verdict(None, "HumanEval") == "n/a"
+    assert verdict(10.0, "HumanEval") == "matches or beats Qwen3.5-4B only"
+    assert verdict(1.0, "HumanEval") == "below both"
+    assert verdict(None, "HumanEval") == "n/a"
 
 
 def test_verdict_weighs_the_interval_and_the_sample_count():
     """A paper number inside our 95% interval is within noise; under five paired samples, no verdict."""
-    from selfspec_bench.report import _verdict
-
     # HumanEval's row: Qwen3.5-4B 2.9%, Gemma-4-E4B 14.6%.
-    assert _verdict(0.6, "HumanEval", (-3.8, 4.8), 5) == "within noise of Qwen3.5-4B, below Gemma-4-E4B"
-    assert _verdict(10.0, "HumanEval", (8.0, 12.0), 40) == "beats Qwen3.5-4B, below Gemma-4-E4B"
-    assert _verdict(16.0, "HumanEval", (15.0, 17.0), 40) == "matches or beats both"
-    assert _verdict(1.0, "HumanEval", (0.0, 2.0), 40) == "below both"
-    assert _verdict(50.0, "HumanEval", (45.0, 55.0), 4) == "too few samples (4)"
+    assert verdict(0.6, "HumanEval", (-3.8, 4.8), 5) == "within noise of Qwen3.5-4B, below Gemma-4-E4B"
+    assert verdict(10.0, "HumanEval", (8.0, 12.0), 40) == "beats Qwen3.5-4B, below Gemma-4-E4B"
+    assert verdict(16.0, "HumanEval", (15.0, 17.0), 40) == "matches or beats both"
+    assert verdict(1.0, "HumanEval", (0.0, 2.0), 40) == "below both"
+    assert verdict(50.0, "HumanEval", (45.0, 55.0), 4) == "too few samples (4)"
 
 
 def test_latency_reduction_interval_is_seeded_and_paired():
-    from selfspec_bench.records import latency_reduction_ci
-
     pairs = [(10.0, 5.0), (10.0, 6.0), (20.0, 10.0), (10.0, 9.0), (10.0, 4.0)]
     low, high = latency_reduction_ci(pairs)
     assert latency_reduction_ci(pairs) == (low, high)  # same report every rebuild
@@ -446,12 +546,13 @@ def test_latency_reduction_interval_is_seeded_and_paired():
 
 
 def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
-    from selfspec_bench.runner import divergence_fields, first_divergence
-
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
     assert first_divergence([1, 2, 3], [1, 2]) == 2 and first_divergence([1, 2], [1, 2, 3]) == 2
-    assert divergence_fields([1, 2, 3, 4], 2, [1, 2, 3, 5]) == {"first_divergence": 3, "first_divergence_phase": "answer"}
+    assert divergence_fields([1, 2, 3, 4], 2, [1, 2, 3, 5]) == {
+        "first_divergence": 3,
+        "first_divergence_phase": "answer",
+    }
     assert divergence_fields([1, 2, 3, 4], 2, [0, 2, 3, 4])["first_divergence_phase"] == "cot"
     assert divergence_fields([1, 2], 1, [1, 2]) == {"first_divergence": None, "first_divergence_phase": None}
     shaped = divergence_fields([1, 2, 3], 1, [1, 2, 4], ["1x1/k32"] * 3, ["1x1/k32", "1x16/k32", "1x16/k32"])
@@ -459,9 +560,6 @@ def test_first_divergence_locates_where_a_mode_leaves_the_baseline():
 
 
 def test_divergence_summary_counts_phases_and_shapes():
-    from selfspec_bench.report import _divergence_lines
-    from selfspec_bench.run_checks import divergence_summary
-
     def rec(sid, mode, index=None, phase=None, shape=None, base=None):
         r = _rec(sid, mode, 10.0)
         if mode != "baseline":
@@ -478,18 +576,21 @@ def test_divergence_summary_counts_phases_and_shapes():
     ]
     (group,) = group_records(records)
     summary = divergence_summary(group)
-    assert summary["prompt-lookup"] == {"compared": 3, "left_baseline": 2, "in_cot": 1, "in_answer": 1,
-                                        "shapes": [{"mode_shape": "1x16", "baseline_shape": "1x1", "count": 2}]}
+    assert summary["prompt-lookup"] == {
+        "compared": 3,
+        "left_baseline": 2,
+        "in_cot": 1,
+        "in_answer": 1,
+        "shapes": [{"mode_shape": "1x16", "baseline_shape": "1x1", "count": 2}],
+    }
     assert summary["prefix+suffix"]["shapes"] == [{"mode_shape": "?", "baseline_shape": "?", "count": 1}]
-    text = "\n".join(_divergence_lines(summary))
+    text = "\n".join(divergence_lines(summary))
     assert "| prompt-lookup | 2 / 3 | 1 | 1 | 1x16 ← 1x1: 2 |" in text
-    assert _divergence_lines({}) == []
+    assert divergence_lines({}) == []
 
 
 def test_exact_match_is_split_by_package_source_when_a_run_mixes_versions():
     """A resumed file can span engine versions: the report gives each version's exact-match count."""
-    from selfspec_bench.report import _exactness_by_source_lines
-    from selfspec_bench.run_checks import exactness_by_source
 
     def rec(sid, mode, exact=None, source=None):
         r = _rec(sid, mode, 10.0)
@@ -500,34 +601,44 @@ def test_exact_match_is_split_by_package_source_when_a_run_mixes_versions():
         return r
 
     records = [rec(s, "baseline") for s in ("s0", "s1", "s2")] + [
-        rec("s0", "prompt-lookup", True), rec("s1", "prompt-lookup", False, "abc123"),
-        rec("s2", "prompt-lookup", True, "abc123"), rec("s2", "prefix+suffix", True, "abc123"),
+        rec("s0", "prompt-lookup", True),
+        rec("s1", "prompt-lookup", False, "abc123"),
+        rec("s2", "prompt-lookup", True, "abc123"),
+        rec("s2", "prefix+suffix", True, "abc123"),
     ]
     (group,) = group_records(records)
     by_source = exactness_by_source(group)
-    assert by_source == {"before hashes": {"prompt-lookup": (1, 1)},
-                         "abc123": {"prompt-lookup": (1, 2), "prefix+suffix": (1, 1)}}
-    text = "\n".join(_exactness_by_source_lines(by_source))
+    assert by_source == {
+        "before hashes": {"prompt-lookup": (1, 1)},
+        "abc123": {"prompt-lookup": (1, 2), "prefix+suffix": (1, 1)},
+    }
+    text = "\n".join(exactness_by_source_lines(by_source))
     assert "| abc123 | 1 / 1 | 1 / 2 |" in text and "| before hashes | – | 1 / 1 |" in text
     one_version = {"abc123": by_source["abc123"]}
-    assert _exactness_by_source_lines(one_version) == []  # nothing to split
+    assert exactness_by_source_lines(one_version) == []  # nothing to split
 
 
 def test_samples_that_shared_the_gpu_get_their_own_columns(tmp_path: Path):
-    """A run resumed across sessions may hold samples that had the GPU alone and samples that
-    shared it (session 13: two queues on one GPU, ~2x per forward): the report says how many
-    shared it and gives time per forward and paired speedup per condition."""
+    """A resumed run may hold samples that had the GPU alone and samples that shared it (two
+    bench processes on one GPU: ~2x per forward): the report says how many shared it and gives
+    time per forward and paired speedup per condition."""
     records = [
-        _rec("s0", "baseline", 1.0, forwards=100, gpu_co_tenants=0), _rec("s0", "prefix", 0.5, forwards=50, gpu_co_tenants=0),
-        _rec("s1", "baseline", 2.0, forwards=100, gpu_co_tenants=1), _rec("s1", "prefix", 1.6, forwards=50, gpu_co_tenants=1),
-        _rec("s2", "baseline", 1.0, forwards=100), _rec("s2", "prefix", 0.8, forwards=50),  # before the field existed
+        _rec("s0", "baseline", 1.0, forwards=100, gpu_co_tenants=0),
+        _rec("s0", "prefix", 0.5, forwards=50, gpu_co_tenants=0),
+        _rec("s1", "baseline", 2.0, forwards=100, gpu_co_tenants=1),
+        _rec("s1", "prefix", 1.6, forwards=50, gpu_co_tenants=1),
+        _rec("s2", "baseline", 1.0, forwards=100),
+        _rec("s2", "prefix", 0.8, forwards=50),  # before the field existed
     ]
     out = tmp_path / "rep"
     md = build_report([_write(tmp_path / "r.jsonl", records)], out).read_text()
     check = json.loads((out / "summary.json").read_text())["groups"][0]["gpu_sharing_check"]
     assert check["samples"] == {"alone": 1, "shared": 1, "not recorded": 1}
-    assert check["modes"]["prefix"]["shared"] == {"n": 1, "median_ms_per_forward": pytest.approx(32.0),
-                                                  "mean_speedup": pytest.approx(1.25)}
+    assert check["modes"]["prefix"]["shared"] == {
+        "n": 1,
+        "median_ms_per_forward": pytest.approx(32.0),
+        "mean_speedup": pytest.approx(1.25),
+    }
     assert check["modes"]["baseline"]["alone"]["median_ms_per_forward"] == pytest.approx(10.0)
     assert "1 of 3 samples ran while other processes used the same GPU" in md
     assert "| prefix | 10.000 / 2.000x (1) | 32.000 / 1.250x (1) | 16.000 / 1.250x (1) |" in md
@@ -537,15 +648,19 @@ def test_samples_that_shared_the_gpu_get_their_own_columns(tmp_path: Path):
 
 
 def test_a_named_rerun_of_common_samples_is_set_beside_the_unnamed_run(tmp_path: Path):
-    """Session 14 reruns samples session 13 ran on a shared GPU, alone (`--run-name alone-check`):
-    the report compares the same samples' speedups, times per forward and tokens across the runs."""
-    shared = [_rec("s0", "baseline", 2.0, forwards=100, gpu_co_tenants=1, output_hash="b0"),
-              _rec("s0", "prefix", 1.0, forwards=50, gpu_co_tenants=1, output_hash="b0"),
-              _rec("s1", "baseline", 2.0, forwards=100, gpu_co_tenants=1, output_hash="b1"),
-              _rec("s1", "prefix", 1.0, forwards=50, gpu_co_tenants=1, output_hash="b1")]
+    """A named run reruns samples that ran on a shared GPU, alone (`--run-name alone-check`): the
+    report compares the same samples' speedups, times per forward and tokens across the runs."""
+    shared = [
+        _rec("s0", "baseline", 2.0, forwards=100, gpu_co_tenants=1, output_hash="b0"),
+        _rec("s0", "prefix", 1.0, forwards=50, gpu_co_tenants=1, output_hash="b0"),
+        _rec("s1", "baseline", 2.0, forwards=100, gpu_co_tenants=1, output_hash="b1"),
+        _rec("s1", "prefix", 1.0, forwards=50, gpu_co_tenants=1, output_hash="b1"),
+    ]
     alone_settings = dict(_settings(), run_name="alone-check")
-    alone = [_rec("s0", "baseline", 1.0, forwards=100, gpu_co_tenants=0, output_hash="b0", settings=alone_settings),
-             _rec("s0", "prefix", 0.625, forwards=50, gpu_co_tenants=0, output_hash="other", settings=alone_settings)]
+    alone = [
+        _rec("s0", "baseline", 1.0, forwards=100, gpu_co_tenants=0, output_hash="b0", settings=alone_settings),
+        _rec("s0", "prefix", 0.625, forwards=50, gpu_co_tenants=0, output_hash="other", settings=alone_settings),
+    ]
     out = tmp_path / "rep"
     md = build_report([_write(tmp_path / "r.jsonl", shared + alone)], out).read_text()
     [check] = json.loads((out / "summary.json").read_text())["rerun_checks"]
@@ -560,15 +675,20 @@ def test_a_named_rerun_of_common_samples_is_set_beside_the_unnamed_run(tmp_path:
     assert "GPU — unnamed run: 1 shared; run alone-check: 1 alone" in md
     # a named run without common samples, or without an unnamed twin: no section
     lonely = [dict(r, sample_id="s9") for r in alone]
-    assert "## The same samples" not in build_report([_write(tmp_path / "l.jsonl", shared + lonely)], tmp_path / "l").read_text()
+    assert (
+        "## The same samples"
+        not in build_report([_write(tmp_path / "l.jsonl", shared + lonely)], tmp_path / "l").read_text()
+    )
 
 
 def test_the_paper_row_table_says_how_many_samples_shared_the_gpu():
-    """Shared samples read faster in the speculative modes (session 14), so the headline says how many there were."""
-    from selfspec_bench.report import ours_beside_theirs
+    """Shared samples read faster in the speculative modes, so the headline says how many there were."""
 
     def pair(sample, tenants):
-        return [_rec(sample, "baseline", 10.0, gpu_co_tenants=tenants), _rec(sample, "prefix+suffix", 8.0, gpu_co_tenants=tenants)]
+        return [
+            _rec(sample, "baseline", 10.0, gpu_co_tenants=tenants),
+            _rec(sample, "prefix+suffix", 8.0, gpu_co_tenants=tenants),
+        ]
 
     md, (row,) = ours_beside_theirs(group_records(pair("s0", 1) + pair("s1", 0) + pair("s2", None)))
     assert row["gpu_sharing"] == {"alone": 1, "shared": 1, "not recorded": 1}
@@ -584,22 +704,32 @@ def test_reuse_ablation_pairs_each_run_with_its_own_baseline_beside_the_papers_r
     Each row's speedups use that run's baseline; loop samples leave the second column; the paper's row
     is there, labelled as theirs; a benchmark other than ClassEval gets no ablation row."""
     named = {**_settings(), "run_name": "ablation"}
-    path = _write(tmp_path / "runs.jsonl", [
-        _rec("c0", "baseline", 10.0, benchmark="classeval"), _rec("c0", "prefix+suffix", 5.0, benchmark="classeval"),
-        _rec("c1", "baseline", 12.0, benchmark="classeval", loop=True),
-        _rec("c1", "prefix+suffix", 4.0, benchmark="classeval"),
-        _rec("c0", "baseline", 20.0, benchmark="classeval", settings=named),
-        _rec("c0", "prefix", 16.0, benchmark="classeval", settings=named),
-        _rec("c0", "suffix", 10.0, benchmark="classeval", settings=named),
-        _rec("h0", "baseline", 10.0), _rec("h0", "prefix", 5.0),  # HumanEval: not the paper's ablation row
-    ])
+    path = _write(
+        tmp_path / "runs.jsonl",
+        [
+            _rec("c0", "baseline", 10.0, benchmark="classeval"),
+            _rec("c0", "prefix+suffix", 5.0, benchmark="classeval"),
+            _rec("c1", "baseline", 12.0, benchmark="classeval", loop=True),
+            _rec("c1", "prefix+suffix", 4.0, benchmark="classeval"),
+            _rec("c0", "baseline", 20.0, benchmark="classeval", settings=named),
+            _rec("c0", "prefix", 16.0, benchmark="classeval", settings=named),
+            _rec("c0", "suffix", 10.0, benchmark="classeval", settings=named),
+            _rec("h0", "baseline", 10.0),
+            _rec("h0", "prefix", 5.0),  # HumanEval: not the paper's ablation row
+        ],
+    )
     out = tmp_path / "rep"
     build_report([path], out)
     summary = json.loads((out / "summary.json").read_text())
     rows = {r["run"]: r for r in summary["reuse_ablation"]}
-    assert set(rows) == {"tiny / classeval, draft budget 100, float32",
-                         "tiny / classeval, draft budget 100, float32, run ablation"}
-    main, ablation = rows["tiny / classeval, draft budget 100, float32"], rows["tiny / classeval, draft budget 100, float32, run ablation"]
+    assert set(rows) == {
+        "tiny / classeval, draft budget 100, float32",
+        "tiny / classeval, draft budget 100, float32, run ablation",
+    }
+    main, ablation = (
+        rows["tiny / classeval, draft budget 100, float32"],
+        rows["tiny / classeval, draft budget 100, float32, run ablation"],
+    )
     assert main["speedup"] == {"prefix+suffix": pytest.approx((2.0 + 3.0) / 2)}
     assert main["speedup_without_loops"] == {"prefix+suffix": pytest.approx(2.0)} and main["n_without_loops"] == 1
     assert main["baseline_loops"] == 1 and not main["loop_dominated"]  # 1 of 2 is not more than half
@@ -612,9 +742,13 @@ def test_reuse_ablation_pairs_each_run_with_its_own_baseline_beside_the_papers_r
 
 def test_a_budget_sweeps_tables_come_in_budget_order(tmp_path):
     """Budgets sort as numbers (50 before 100 before 600), not as the text of their settings."""
-    path = _write(tmp_path / "sweep.jsonl", [
-        r for budget in (600, 100, 50) for r in (_rec("s0", "baseline", 2.0, budget=budget),
-                                                  _rec("s0", "prefix", 1.0, budget=budget))
-    ])
+    path = _write(
+        tmp_path / "sweep.jsonl",
+        [
+            r
+            for budget in (600, 100, 50)
+            for r in (_rec("s0", "baseline", 2.0, budget=budget), _rec("s0", "prefix", 1.0, budget=budget))
+        ],
+    )
     groups = group_records(load_records([path]))
     assert [g.settings["draft_budget"] for g in groups] == [50, 100, 600]

@@ -12,11 +12,10 @@ from selfspec_bench import load_benchmark, score
 from selfspec_bench.datasets import LONGPROC_TASKS
 from selfspec_bench.datasets.longproc import default_data_dir
 from selfspec_bench.datasets.paths import shared_datasets_dir
-from selfspec_bench.scoring import ScoreResult, scorer_for
+from selfspec_bench.scoring import ScoreResult, sandbox, scorer_for
 from selfspec_bench.scoring.extract import fenced_blocks, last_tagged, pick_code
 from selfspec_bench.scoring.longproc import pseudo_to_code
 from selfspec_bench.scoring.math_normalize import latex_equivalent, numbers_equal
-from selfspec_bench.scoring import sandbox
 from selfspec_bench.scoring.sandbox import run_python_file
 
 needs_shared = pytest.mark.skipif(
@@ -53,9 +52,12 @@ def gold_reply(sample) -> str:
 
 # ---- extraction helpers ----------------------------------------------------------------
 
+
 def test_extraction_prefers_the_answer_block_and_ignores_reasoning():
-    reply = ("<think>draft:\n```python\ndef f(): return 0\n```</think>Answer:\n```python\ndef f():\n    return 1\n```\n"
-             "Example:\n```python\nprint(f())\n```")
+    reply = (
+        "<think>draft:\n```python\ndef f(): return 0\n```</think>Answer:\n```python\ndef f():\n    return 1\n```\n"
+        "Example:\n```python\nprint(f())\n```"
+    )
     assert pick_code(reply, languages=("python",), must_match=r"def\s+f\s*\(") == "def f():\n    return 1\n"
     assert pick_code("no fences here", languages=("python",)) == "no fences here"
     assert fenced_blocks("```cpp\nint main(){}")[-1] == ("cpp", "int main(){}")  # cut-off reply
@@ -70,6 +72,7 @@ def test_unknown_benchmark_has_no_scorer():
 
 
 # ---- HumanEval ------------------------------------------------------------------------
+
 
 def test_humaneval_canonical_solutions_pass_and_corruptions_fail():
     samples = load_benchmark("humaneval", limit=5)
@@ -118,13 +121,15 @@ def test_sandbox_kills_the_whole_process_group(tmp_path, hang):
 
 def test_sandbox_applies_resource_limits(tmp_path):
     (tmp_path / "prog.py").write_text(
-        "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0], resource.getrlimit(resource.RLIMIT_FSIZE)[0])\n")
+        "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0], resource.getrlimit(resource.RLIMIT_FSIZE)[0])\n"
+    )
     outcome = run_python_file("prog.py", workdir=tmp_path, timeout_s=10)
     assert outcome.ok, outcome.describe()
     assert outcome.stdout.split() == [str(sandbox.MAX_ADDRESS_SPACE_BYTES), str(sandbox.MAX_FILE_BYTES)]
 
 
 # ---- ClassEval ------------------------------------------------------------------------
+
 
 @needs_shared
 def test_classeval_solutions_pass():
@@ -137,7 +142,7 @@ def test_classeval_solutions_pass():
 def test_classeval_corrupted_method_gives_partial_score():
     sample = load_benchmark("classeval", limit=1)[0]
     code = sample.reference["solution_code"]
-    broken = code.replace('start_with = ["/api", \'/login\']', 'start_with = []')
+    broken = code.replace("start_with = [\"/api\", '/login']", "start_with = []")
     assert broken != code
     result = score(sample, fenced(broken))
     assert not result.passed and 0.0 < result.score < 1.0
@@ -147,6 +152,7 @@ def test_classeval_corrupted_method_gives_partial_score():
 
 
 # ---- MBPP -----------------------------------------------------------------------------
+
 
 def test_mbpp_canonical_solutions_pass_and_partial_credit():
     samples = load_benchmark("mbpp", limit=5)
@@ -162,10 +168,17 @@ def test_mbpp_canonical_solutions_pass_and_partial_credit():
 
 # ---- GSM8K / MATH-500 -------------------------------------------------------------------
 
+
 def test_gsm8k_answers():
     sample = load_benchmark("gsm8k", limit=1)[0]  # gold 18
     assert score(sample, gold_reply(sample)).passed
-    for reply in ["So she makes $18.", "The answer is 18.00", "\\boxed{18}", "#### $18", "<think>#### 20</think>#### 18"]:
+    for reply in [
+        "So she makes $18.",
+        "The answer is 18.00",
+        "\\boxed{18}",
+        "#### $18",
+        "<think>#### 20</think>#### 18",
+    ]:
         assert score(sample, reply).passed, reply
     for reply in ["#### 19", "The answer is 81.", "I am not sure.", "\\boxed{1/8}"]:
         assert not score(sample, reply).passed, reply
@@ -180,18 +193,34 @@ def test_gsm8k_gold_solutions_pass_and_off_by_one_fails():
         assert not score(sample, f"#### {wrong}").passed
 
 
-@pytest.mark.parametrize("candidate, gold", [
-    ("\\dfrac{1}{2}", "\\frac12"), ("0.5", "\\frac{1}{2}"), ("(3,\\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
-    ("x = 5", "5"), ("Evelyn", "\\text{Evelyn}"), ("90", "90^\\circ"), ("11\\sqrt{2}", "11\\sqrt2"),
-    ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}"), ("10\\%", "10"), ("1,000", "1000"),
-])
+@pytest.mark.parametrize(
+    "candidate, gold",
+    [
+        ("\\dfrac{1}{2}", "\\frac12"),
+        ("0.5", "\\frac{1}{2}"),
+        ("(3,\\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ("x = 5", "5"),
+        ("Evelyn", "\\text{Evelyn}"),
+        ("90", "90^\\circ"),
+        ("11\\sqrt{2}", "11\\sqrt2"),
+        ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}"),
+        ("10\\%", "10"),
+        ("1,000", "1000"),
+    ],
+)
 def test_math_equivalences(candidate, gold):
     assert latex_equivalent(candidate, gold)
 
 
-@pytest.mark.parametrize("candidate, gold", [
-    ("\\frac{1}{3}", "\\frac12"), ("(3,\\pi)", "(3,\\frac{\\pi}{2})"), ("5x-7y+11z+4=0", "0"), ("-2", "2"),
-])
+@pytest.mark.parametrize(
+    "candidate, gold",
+    [
+        ("\\frac{1}{3}", "\\frac12"),
+        ("(3,\\pi)", "(3,\\frac{\\pi}{2})"),
+        ("5x-7y+11z+4=0", "0"),
+        ("-2", "2"),
+    ],
+)
 def test_math_non_equivalences(candidate, gold):
     assert not latex_equivalent(candidate, gold)
 
@@ -207,6 +236,7 @@ def test_math500_gold_passes_and_normalization_agrees_with_wheel_answers():
 
 
 # ---- LongProc -------------------------------------------------------------------------
+
 
 @needs_shared
 @pytest.mark.parametrize("task", ["countdown", "html_to_tsv", "path_traversal", "tom_tracking"])
@@ -297,9 +327,11 @@ def test_pseudo_to_code_without_compiler_is_skipped(monkeypatch):
 
 # ---- full sweep (slow): every canonical / gold answer ------------------------------------
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["humaneval", "mbpp", "classeval", "gsm8k", "math500",
-                                  *[f"longproc/{t}" for t in LONGPROC_TASKS]])
+@pytest.mark.parametrize(
+    "name", ["humaneval", "mbpp", "classeval", "gsm8k", "math500", *[f"longproc/{t}" for t in LONGPROC_TASKS]]
+)
 def test_full_canonical_sweep(name):
     """All canonical answers pass, except ClassEval items whose tests need packages that are
     not installed or depend on the machine (date, hostname, running as root, NumPy 1.x)."""
@@ -310,7 +342,7 @@ def test_full_canonical_sweep(name):
 
 
 def test_an_answer_forced_past_its_end_of_text_is_also_graded_cut_there():
-    """Fixed lengths force answers past the model's own end-of-text (`bench.end_of_text`): the
+    """Fixed lengths force answers past the model's own end-of-text (`selfspec_bench.end_of_text`): the
     record keeps where it ended and the checker grades the answer cut there beside the whole."""
     from selfspec_bench.end_of_text import end_of_text_fields
     from selfspec_bench.modes import BenchSettings
@@ -321,17 +353,24 @@ def test_an_answer_forced_past_its_end_of_text_is_also_graded_cut_there():
             return " ".join(f"t{i}" for i in ids if not (skip_special_tokens and i == 2))
 
     assert end_of_text_fields([5, 6, 2, 7, 2, 8], {2}, Decoder()) == {
-        "answer_eos_at": 2, "forced_past_eos": 3, "answer_text_at_eos": "t5 t6"}
+        "answer_eos_at": 2,
+        "forced_past_eos": 3,
+        "answer_text_at_eos": "t5 t6",
+    }
     assert end_of_text_fields([5, 6, 2], {2}, Decoder()) == {"answer_eos_at": 2, "forced_past_eos": 0}  # stopped there
     assert end_of_text_fields([5, 6], {2}, Decoder()) == {"answer_eos_at": None, "forced_past_eos": 0}  # never ended
 
     sample = load_benchmark("humaneval", offset=2, limit=1)[0]
     solution = sample.reference["prompt"] + sample.reference["canonical_solution"]
     # The forced tail after the end-of-text: another, broken version of the function (what a loop writes).
-    forced = {"output_hash": "h", "answer_text": fenced(solution) + "\n" + fenced("def truncate_number(number):\n    return number"),
-              "answer_text_at_eos": fenced(solution)}
+    forced = {
+        "output_hash": "h",
+        "answer_text": fenced(solution) + "\n" + fenced("def truncate_number(number):\n    return number"),
+        "answer_text_at_eos": fenced(solution),
+    }
     rec = _finish_record(dict(forced), sample, "baseline", "m", BenchSettings(), None, {}, True)
     assert rec["passed"] is False and rec["passed_at_eos"] is True and rec["score_at_eos"] == 1.0
-    stopped = _finish_record({"output_hash": "h", "answer_text": fenced(solution)}, sample, "baseline", "m",
-                             BenchSettings(), None, {}, True)
+    stopped = _finish_record(
+        {"output_hash": "h", "answer_text": fenced(solution)}, sample, "baseline", "m", BenchSettings(), None, {}, True
+    )
     assert stopped["passed"] is stopped["passed_at_eos"] is True  # nothing forced: the same grade

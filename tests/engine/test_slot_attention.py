@@ -3,7 +3,7 @@
 Checks the kernel against a float64 reference (grouped queries, several splits of the key
 range, a sliding window, strided inputs as the engine passes them) and the engine with the
 kernel against transformers `generate` (fp32, token for token). On a GPU the compiled
-kernel runs through scripts/gpu_check.py.
+kernel runs through tools/gpu/gpu_check.py.
 """
 
 from __future__ import annotations

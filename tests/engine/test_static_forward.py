@@ -4,7 +4,7 @@ On a GPU, decode and verify steps are padded to bucket shapes, their inputs copi
 static buffers and the mask / cache routing computed on the device, then captured as CUDA
 graphs. Here the same body runs uncaptured, so the bucketing, padding rows, device-side
 routing and key buckets are checked for exactness against transformers' `generate`
-(fp32) without a GPU. `scripts/gpu_check.py` runs the captured version on a GPU.
+(fp32) without a GPU. `tools/gpu/gpu_check.py` runs the captured version on a GPU.
 """
 
 from __future__ import annotations

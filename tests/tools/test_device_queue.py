@@ -1,9 +1,10 @@
-"""scripts/device_queue.sh: queues run in the background from a snapshot of the tree (so a device call
-that re-copies the checkout cannot pull modules from under a starting command, as in session 8), log
-every line and its exit code, and `collect` packs each queue's output."""
+"""tools/gpu/device_queue.sh: queues run in the background from a snapshot of the tree (so a device call
+that re-copies the checkout cannot pull modules from under a starting command), log every line and its
+exit code, and `collect` packs each queue's output. tools/gpu/device_collect.sh files what comes back."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import subprocess
@@ -11,13 +12,13 @@ import tarfile
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_queue.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "device_queue.sh"
 
 
 def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):
     repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    shutil.copy(SCRIPT, repo / "scripts" / "device_queue.sh")
+    (repo / "tools" / "gpu").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "tools" / "gpu" / "device_queue.sh")
     (repo / "pkg").mkdir()
     (repo / "pkg" / "answer.txt").write_text("42\n")
     (repo / ".device").mkdir()
@@ -31,7 +32,7 @@ def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):
     env = {**os.environ, "DEVICE_QUEUE_ROOT": str(tmp_path / "out"), "DEVICE_QUEUE_TREES": str(tmp_path / "trees"),
            "OUT": str(tmp_path / "collected"), "PYTHONPATH": "/elsewhere"}
     (tmp_path / "collected").mkdir()
-    subprocess.run(["bash", "scripts/device_queue.sh", "start", "0", "q_demo.txt"], cwd=repo, env=env, check=True)
+    subprocess.run(["bash", "tools/gpu/device_queue.sh", "start", "0", "q_demo.txt"], cwd=repo, env=env, check=True)
     shutil.rmtree(repo / "pkg")  # the checkout changes under the running queue (a later device call)
     qout = tmp_path / "out" / "q_demo"
     for _ in range(100):
@@ -53,24 +54,62 @@ def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):
         assert "q_demo/status.tsv" in archive.getnames()
 
 
-def test_collect_keeps_whole_records_only(tmp_path: Path):
-    """An archive taken while a run appended can end in a torn line (session 11): device_collect.sh
-    files the whole records and drops the torn one, so the next session resumes from clean JSONL."""
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    shutil.copy(SCRIPT.parent / "device_collect.sh", repo / "scripts" / "device_collect.sh")
-    queue = tmp_path / "q" / "s_gpu0"
-    (queue / "raw").mkdir(parents=True)
-    (queue / "status.tsv").write_text("1\t0\t1\t0\techo\n")
-    (queue / "raw" / "m_b.jsonl").write_text('{"sample_id": "a"}\n{"sample_id": "b"}\n{"sample_id": "c", "mo')
+def _archive(tmp_path: Path, queue_name: str, files: dict[str, str]) -> Path:
+    """A queue's output as `collect` returns it: <queue>.tgz holding <queue>/..."""
+    queue = tmp_path / "q" / queue_name
+    for name, text in files.items():
+        (queue / name).parent.mkdir(parents=True, exist_ok=True)
+        (queue / name).write_text(text)
     archives = tmp_path / "archives"
-    archives.mkdir()
-    with tarfile.open(archives / "s_gpu0.tgz", "w:gz") as tar:
-        tar.add(queue, arcname="s_gpu0")
-    result = subprocess.run(["bash", "scripts/device_collect.sh", str(archives), "s99"], cwd=repo,
+    archives.mkdir(exist_ok=True)
+    with tarfile.open(archives / f"{queue_name}.tgz", "w:gz") as tar:
+        tar.add(queue, arcname=queue_name)
+    return archives
+
+
+def _repo_with_collect(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "tools" / "gpu").mkdir(parents=True)
+    shutil.copy(SCRIPT.parent / "device_collect.sh", repo / "tools" / "gpu" / "device_collect.sh")
+    return repo
+
+
+def test_collect_keeps_whole_records_only(tmp_path: Path):
+    """An archive taken while a run appended can end in a torn line: device_collect.sh files the whole
+    records over the committed file of the same name and drops the torn one, so the next run resumes
+    from clean JSONL; logs go to the untracked review folder, not into the tree."""
+    repo = _repo_with_collect(tmp_path)
+    committed = repo / "benchmarks" / "topic" / "records" / "h200" / "m_b.jsonl.gz"
+    committed.parent.mkdir(parents=True)
+    committed.write_bytes(gzip.compress(b'{"sample_id": "a"}\n'))
+    archives = _archive(tmp_path, "q_gpu0", {
+        "status.tsv": "1\t0\t1\t0\techo\n",
+        "logs/01.log": "line\r 50%|#####     | 1/2 [00:01<00:01]\rdone\n",
+        "raw/m_b.jsonl": '{"sample_id": "a"}\n{"sample_id": "b"}\n{"sample_id": "c", "mo',
+    })
+    result = subprocess.run(["bash", "tools/gpu/device_collect.sh", str(archives), "batch1"], cwd=repo,
                             capture_output=True, text=True, check=True)
     assert "dropped a torn line" in result.stderr
-    import gzip
+    assert gzip.open(committed, "rt").read() == '{"sample_id": "a"}\n{"sample_id": "b"}\n'
+    review = repo / ".device" / "collected" / "batch1"
+    assert (review / "logs" / "q_gpu0_status.tsv").exists()
+    assert "50%|" not in (review / "logs" / "q_gpu0_01.log").read_text()  # progress bars dropped
+    assert sorted(p.name for p in (repo / "benchmarks").rglob("*") if p.is_file()) == ["m_b.jsonl.gz"]
 
-    filed = gzip.open(repo / "benchmarks/results/h200/raw/m_b.jsonl.gz", "rt").read()
-    assert filed == '{"sample_id": "a"}\n{"sample_id": "b"}\n'
+
+def test_collect_files_new_records_for_review_or_into_records_dir(tmp_path: Path):
+    """A records file no topic holds yet is not guessed into a topic: it waits in the review folder,
+    or goes to $RECORDS_DIR when the caller names one; other output directories wait for review."""
+    repo = _repo_with_collect(tmp_path)
+    archives = _archive(tmp_path, "q_gpu0", {"raw/new_run.jsonl": '{"sample_id": "a"}\n',
+                                             "diag/trace.json": "{}\n"})
+    subprocess.run(["bash", "tools/gpu/device_collect.sh", str(archives), "batch2"], cwd=repo,
+                   capture_output=True, text=True, check=True)
+    review = repo / ".device" / "collected" / "batch2"
+    assert gzip.open(review / "records" / "new_run.jsonl.gz", "rt").read() == '{"sample_id": "a"}\n'
+    assert (review / "q_gpu0_diag" / "trace.json").exists()
+    target = repo / "benchmarks" / "topic" / "records" / "h200"
+    env = {**os.environ, "RECORDS_DIR": str(target)}
+    subprocess.run(["bash", "tools/gpu/device_collect.sh", str(archives), "batch3"], cwd=repo, env=env,
+                   capture_output=True, text=True, check=True)
+    assert gzip.open(target / "new_run.jsonl.gz", "rt").read() == '{"sample_id": "a"}\n'

@@ -1,4 +1,4 @@
-"""scripts/exactness_table.py lines runs up by (sample, mode) and counts agreement with each run's baseline."""
+"""benchmarks/exactness/exactness_table.py lines runs up by (sample, mode) and counts agreement with each run's baseline."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 
 def test_table_marks_equal_hashes_and_counts_own_baseline_matches(tmp_path, repo_script):
-    module = repo_script("scripts/exactness_table.py")
+    module = repo_script("benchmarks/exactness/exactness_table.py")
     def write(name, rows):
         path = tmp_path / name
         path.write_text("".join(json.dumps({"sample_id": s, "mode": m, "output_hash": h}) + "\n" for s, m, h in rows))

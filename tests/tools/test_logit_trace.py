@@ -1,7 +1,7 @@
-"""scripts/gpu_logit_trace.py on a tiny fp32 model on the CPU, every step in one static shape: every
+"""tools/gpu/gpu_logit_trace.py on a tiny fp32 model on the CPU, every step in one static shape: every
 run of every lossless mode computes the baseline's bits (logits at every position, K/V at every position and layer), and the
 comparison finds a difference where one is planted. On the H200 the same script locates where bf16
-runs part (benchmarks/results/h200/PLAN.md)."""
+runs part (benchmarks/exactness/README.md)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from selfspec_bench.datasets import load_benchmark
-from selfspec_bench.modes import BenchSettings
-from selfspec.engine.llm_engine import EngineConfig
+from selfspec.engine.config import EngineConfig
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
 from selfspec.models import load_model
 from selfspec.testing.tiny import save_tiny_model_dir
-
+from selfspec_bench.datasets import load_benchmark
+from selfspec_bench.modes import BenchSettings
 
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts/gpu_logit_trace.py"
+    path = Path(__file__).resolve().parents[2] / "tools/gpu/gpu_logit_trace.py"
     spec = importlib.util.spec_from_file_location("gpu_logit_trace", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built

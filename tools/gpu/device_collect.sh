@@ -1,37 +1,40 @@
 #!/usr/bin/env bash
-# Bring a device session's queue archives into the repository (run here, after the last
-# `collect` call returned its <queue>.tgz files):
+# File the queue archives a device run returned (run here, after the last `collect` call
+# returned its <queue>.tgz files):
 #
-#     bash scripts/device_collect.sh /work/.device/N session6
+#     bash tools/gpu/device_collect.sh /work/.device/N [LABEL]
 #
-# Why: each session's results came back as one archive per queue, and filing them by hand
-# (logs without progress-bar noise, bench JSONL gzipped where the next session resumes them,
-# CoSpec eval journals, the arbitrator run) took a quarter of an hour and invited slips.
-# What goes where:
-#   logs and status            -> benchmarks/results/h200/<session>/logs/<queue>_*
-#   bench JSONL (queue root or raw/) -> benchmarks/results/h200/raw/<name>.jsonl.gz (replaced:
-#                                  the device run resumed from the committed file, so it holds it all)
-#   arbitrator_run/            -> benchmarks/results/cospec/h200/arbitrator_run/ (replaced)
-#   any other directory        -> benchmarks/results/h200/<session>/<queue>_<dir>/ (CoSpec eval
-#                                  output, thinker adapters and evals: reviewed, then moved by hand)
+# Why: results come back as one archive per queue; filing them by hand (bench records
+# gzipped where the next run resumes them, logs without progress-bar noise, the rest kept
+# for review) is slow and invites slips. What goes where:
+#   bench JSONL (queue root or raw/) -> the committed benchmarks/<topic>/records/<device>/<name>.jsonl.gz
+#                                  of the same name, replaced (the device run resumed from that
+#                                  file, so it holds it all); a name not committed anywhere goes
+#                                  to $RECORDS_DIR if set, else to the review folder below
+#   logs and status.tsv         -> .device/collected/<LABEL>/logs/<queue>_*   (not tracked)
+#   any other directory         -> .device/collected/<LABEL>/<queue>_<dir>/   (not tracked: CoSpec
+#                                  runs, thinker adapters and evals, diagnostics; review them,
+#                                  then move what is kept into its topic's records/ by hand)
+# LABEL defaults to the date and time.
 set -euo pipefail
-src=${1:?usage: device_collect.sh FILES_AT_DIR SESSION_NAME}; session=${2:?usage: device_collect.sh FILES_AT_DIR SESSION_NAME}
-root=$(cd "$(dirname "$0")/.." && pwd)
-dest=$root/benchmarks/results/h200/$session
+src=${1:?usage: device_collect.sh FILES_AT_DIR [LABEL]}
+label=${2:-$(date +%Y-%m-%d-%H%M%S)}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+review=$root/.device/collected/$label
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$dest/logs" "$root/benchmarks/results/h200/raw"
+mkdir -p "$review/logs"
 shopt -s nullglob
 archives=("$src"/*.tgz)
 [ ${#archives[@]} -gt 0 ] || { echo "device_collect: no .tgz archives in $src" >&2; exit 2; }
 for archive in "${archives[@]}"; do tar xzf "$archive" -C "$work"; done
 for q in "$work"/*/; do
   queue=$(basename "$q")
-  [ -f "$q/status.tsv" ] && cp "$q/status.tsv" "$dest/logs/${queue}_status.tsv"
+  [ -f "$q/status.tsv" ] && cp "$q/status.tsv" "$review/logs/${queue}_status.tsv"
   for log in "$q"/logs/[0-9]*.log; do
     # Progress bars redraw with carriage returns: keep the lines a reader wants.
     sed 's/\r/\n/g' "$log" | grep -v -E '[0-9]+%\|.*\| *[0-9]+/[0-9]+ \[' \
-      > "$dest/logs/${queue}_$(basename "$log")" || true
+      > "$review/logs/${queue}_$(basename "$log")" || true
   done
   for f in "$q"/*.jsonl "$q"/raw/*.jsonl; do
     # An archive taken while a run appended can end in a torn line: keep whole lines only
@@ -47,21 +50,29 @@ for line in open(sys.argv[1]):
     if line.endswith("\n"):
         keep.append(line)
 open(sys.argv[1], "w").write("".join(keep))' "$f"
-    gzip -9 -c "$f" > "$root/benchmarks/results/h200/raw/$(basename "$f").gz"
-    echo "bench records: $(wc -l < "$f") lines -> benchmarks/results/h200/raw/$(basename "$f").gz"
+    name=$(basename "$f").gz
+    committed=("$root"/benchmarks/*/records/*/"$name")
+    if [ ${#committed[@]} -gt 1 ]; then
+      echo "device_collect: $name is committed more than once (${committed[*]}); left in $review" >&2
+      dest=$review/records/$name
+    elif [ ${#committed[@]} -eq 1 ]; then
+      dest=${committed[0]}
+    elif [ -n "${RECORDS_DIR:-}" ]; then
+      dest=$RECORDS_DIR/$name
+    else
+      dest=$review/records/$name
+    fi
+    mkdir -p "$(dirname "$dest")"
+    gzip -9 -n -c "$f" > "$dest"
+    echo "bench records: $(wc -l < "$f") lines -> ${dest#"$root"/}"
   done
   for d in "$q"/*/; do
     name=$(basename "$d")
     case "$name" in
       logs|raw) ;;
-      arbitrator_run)
-        rm -rf "$root/benchmarks/results/cospec/h200/arbitrator_run"
-        cp -r "$d" "$root/benchmarks/results/cospec/h200/arbitrator_run"
-        echo "arbitrator run -> benchmarks/results/cospec/h200/arbitrator_run ($(ls "$d" | tr '\n' ' '))" ;;
-      *)
-        rm -rf "$dest/${queue}_$name"; cp -r "$d" "$dest/${queue}_$name"
-        echo "$name -> benchmarks/results/h200/$session/${queue}_$name" ;;
+      *) rm -rf "$review/${queue}_$name"; cp -r "$d" "$review/${queue}_$name"
+         echo "$name -> ${review#"$root"/}/${queue}_$name (review, then move what is kept)" ;;
     esac
   done
 done
-echo "status:"; cat "$dest"/logs/*_status.tsv | cut -f1,3,4,5 | cut -c1-150
+echo "status:"; cat "$review"/logs/*_status.tsv 2>/dev/null | cut -f1,3,4,5 | cut -c1-150

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Queues of long runs on the lent GPU machine that outlive the 10-minute `device` call.
 #
-#   source scripts/device_setup.sh
-#   bash scripts/device_queue.sh start GPU QUEUE_FILE   # returns at once; runs the file's
-#                                                       # commands one after another on GPU
-#   bash scripts/device_queue.sh collect SECONDS        # waits while queues run (at most
-#                                                       # SECONDS), packing /tmp/out/<queue>/
-#                                                       # into $OUT/<queue>.tgz every 20 s
+#   source tools/gpu/device_setup.sh
+#   bash tools/gpu/device_queue.sh start GPU QUEUE_FILE   # returns at once; runs the file's
+#                                                         # commands one after another on GPU
+#   bash tools/gpu/device_queue.sh collect SECONDS        # waits while queues run (at most
+#                                                         # SECONDS), packing /tmp/out/<queue>/
+#                                                         # into $OUT/<queue>.tgz every 20 s
 #
 # Why: a device call lasts at most 10 minutes, the machine is held for at most 30, and it is
 # given back 30 s after a call ends. A queue started in its own process session (setsid)
@@ -21,8 +21,8 @@
 #
 # Commands run in a snapshot of the tree taken at `start` (/tmp/q_tree/<queue>, `.device`
 # linked), not in the checkout: every later device call re-copies the checkout, and a command
-# that started while that copy was under way failed to import half-written modules (session 8,
-# GPU 0's first line: ModuleNotFoundError).
+# that starts while that copy is under way can import half-written modules
+# (ModuleNotFoundError).
 set -uo pipefail
 root=${DEVICE_QUEUE_ROOT:-/tmp/out}  # overridable for tests
 trees=${DEVICE_QUEUE_TREES:-/tmp/q_tree}
@@ -34,7 +34,8 @@ case "${1:-}" in
     rm -rf "$tree"; mkdir -p "$tree"
     tar -C "$src" --exclude=./.device -cf - . | tar -C "$tree" -xf -
     [ -e "$src/.device" ] && ln -s "$src/.device" "$tree/.device"
-    (cd "$tree" && setsid nohup bash scripts/device_queue.sh _run "$gpu" "$qout" >"$qout/logs/queue.log" 2>&1 < /dev/null &)
+    self=$(realpath --relative-to="$src" "$0")  # this script's place in the tree, e.g. tools/gpu/device_queue.sh
+    (cd "$tree" && setsid nohup bash "$self" _run "$gpu" "$qout" >"$qout/logs/queue.log" 2>&1 < /dev/null &)
     echo "device_queue: started $name on GPU $gpu (logs in $qout/logs)"
     ;;
   _run)

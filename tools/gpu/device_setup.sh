@@ -1,5 +1,5 @@
 # Source at the start of every call on the lent GPU machine (which reaches no registry):
-#     source scripts/device_setup.sh
+#     source tools/gpu/device_setup.sh
 # Model files travel as <50 MB parts under .device/ (bash ../shared/tools/device-model-parts.sh
 # smollm2 | gemma3-270m writes them), one or two per call, carried with `carry`; wheels the
 # machine lacks (gguf, pydantic) travel under .device/whl. This collects the parts in /tmp/m,
@@ -39,10 +39,10 @@ if [ -f /tmp/m/gemma-3-270m-q4_k_m.gguf ] && [ ! -f /tmp/site/gemma3_270m_q4_k_m
   ln -sf /tmp/m/gemma-3-270m-q4_k_m.gguf /tmp/selfspec-cache/gguf/gemma-3-270m-q4_k_m.gguf
 fi
 # Benchmark data that lives beside the checkout here (../shared/datasets), carried packed
-# (1.5 MB: .device/pack/data.tgz, made by scripts/device_pack.sh).
+# (1.5 MB: .device/pack/data.tgz, made by tools/gpu/device_pack.sh).
 if [ -f .device/pack/data.tgz ] && [ ! -d /tmp/data/datasets ]; then mkdir -p /tmp && tar xzf .device/pack/data.tgz -C /tmp; fi
 if [ -d /tmp/data/datasets ]; then export SELFSPEC_SHARED_DIR=/tmp/data; fi
-# Gemma-3-270M's tokenizer saved where transformers builds it right (scripts/device_pack.sh):
+# Gemma-3-270M's tokenizer saved where transformers builds it right (tools/gpu/device_pack.sh):
 # transformers 5.17 here builds it wrongly from the GGUF and the loader refuses that one, so
 # Gemma queue lines pass `--tokenizer /tmp/m/gemma3-270m-tokenizer`.
 if [ -f .device/pack/gemma3-270m-tokenizer.tgz ] && [ ! -f /tmp/m/gemma3-270m-tokenizer/tokenizer.json ]; then

@@ -27,8 +27,8 @@ import torch
 
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.llm_engine import Engine
-from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.policy import Proposal, SequencePolicy
+from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.verify import VerifyResult
 from selfspec.testing.tiny import tiny_model
 
@@ -130,8 +130,8 @@ def check_tiny(device: str) -> None:
 
 def check_sps(device: str) -> None:
     """Draft-model speculation (the draft = the target's first layer, its own graphs) is exact."""
-    from selfspec.llm import LLM
     from selfspec.config import DraftModelConfig
+    from selfspec.llm import LLM
     from selfspec.testing.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()

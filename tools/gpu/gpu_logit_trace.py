@@ -40,10 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from selfspec.run_info import device_name, library_versions  # noqa: E402
 from selfspec_bench.datasets import load_benchmark  # noqa: E402
 from selfspec_bench.modes import PAPER_ANSWER_CAPS, BenchSettings  # noqa: E402
 from selfspec_bench.runner import _warm_up, run_engine_mode  # noqa: E402
-from selfspec.run_info import device_name, library_versions  # noqa: E402
 
 _WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
 
@@ -268,10 +268,10 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from selfspec_bench.context_fit import fit_to_context
     from selfspec.engine.llm_engine import EngineConfig, model_context_length
     from selfspec.llm import LLM
     from selfspec.models import load_model
+    from selfspec_bench.context_fit import fit_to_context
 
     family = args.benchmark.split("/")[0]
     settings = BenchSettings(cot_cap=args.cot_cap, answer_cap=args.answer_cap or PAPER_ANSWER_CAPS.get(family, 1500),

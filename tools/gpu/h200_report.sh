@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The running H200 benchmark report (issue 4): every committed one-request-at-a-time raw file
-# (benchmarks/results/h200/raw/, bf16 since session 5) plus session 4's fp32 subset of the same
-# HumanEval samples (token-exactness; the bf16 tables show near-tie divergences), rendered by
-# `selfspec bench report` into benchmarks/results/h200/report/. Rerun after copying new raw
-# files back from a device session. Session 3's batched (concurrency 8) files are superseded and
-# left out (session4/notes.md).
+# Render `selfspec bench report` over the committed H200 bench records, one report per topic:
+#
+#     bash tools/gpu/h200_report.sh [OUT_DIR]      # default /tmp/selfspec-report
+#
+# OUT_DIR/ssr_paper_rows/  SmolLM2-135M and Gemma-3-270M on HumanEval, ClassEval, LongProc
+#                          (benchmarks/ssr_paper_rows/records/h200/, one request at a time)
+# OUT_DIR/thinker/         smollm2-thinker-v4b at natural lengths (benchmarks/thinker/records/h200/)
+# Each gets report.md, summary.json and the PNG plots. The topic READMEs quote these reports'
+# tables; the reports themselves are not committed (rebuilt from the records in ~20 s).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
+out=${1:-/tmp/selfspec-report}
 selfspec=${SELFSPEC:-selfspec}
 command -v "$selfspec" >/dev/null || selfspec=.venv/bin/selfspec
-"$selfspec" bench report benchmarks/results/h200/raw/*.jsonl* \
-  benchmarks/results/h200/session4/raw/smollm2_humaneval_c1.jsonl.gz \
-  --out-dir benchmarks/results/h200/report
+"$selfspec" bench report benchmarks/ssr_paper_rows/records/h200/*.jsonl.gz --out-dir "$out/ssr_paper_rows" > /dev/null
+"$selfspec" bench report benchmarks/thinker/records/h200/*.jsonl.gz --out-dir "$out/thinker" > /dev/null
+echo "reports: $out/ssr_paper_rows/report.md, $out/thinker/report.md"

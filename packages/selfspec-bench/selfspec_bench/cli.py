@@ -1,9 +1,12 @@
-"""`selfspec bench`: run modes side by side on a benchmark; `selfspec bench report`: tables + plots."""
+"""`selfspec bench`: run modes side by side on a benchmark; `selfspec bench report`: tables + plots.
+
+The `selfspec` command finds `bench_app` through the `selfspec.commands` entry point, so the
+harness is installed (or left out) as a part of its own: the inference package has no import of it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -11,7 +14,10 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
+from selfspec_bench.context_fit import fit_to_context
+from selfspec_bench.datasets import load_benchmark
 from selfspec_bench.modes import ALL_MODES, PAPER_ANSWER_CAPS, BenchSettings
+from selfspec_bench.runner import ResumeMismatchError, check_settings, mismatches, record_skipped, run_bench
 
 bench_app = typer.Typer(
     help="Latency of every mode against the plain baseline, side by side, on real benchmarks.",
@@ -24,54 +30,117 @@ console = Console(stderr=True)
 @bench_app.callback()
 def bench(
     ctx: typer.Context,
-    benchmark: str = typer.Option("humaneval", "--benchmark", "-b", help="humaneval | classeval | longproc | longproc/<task> | gsm8k | mbpp | math500 | thinker/<family> (held-out thinker tasks)."),
+    benchmark: str = typer.Option(
+        "humaneval",
+        "--benchmark",
+        "-b",
+        help="humaneval | classeval | longproc | longproc/<task> | gsm8k | mbpp | math500 | thinker/<family> (held-out thinker tasks).",
+    ),
     model: str = typer.Option("smollm2", "--model", "-m", help="Model name, .gguf file or HF directory."),
-    modes: str = typer.Option("baseline,prefix,suffix,prefix+suffix", help=f"Comma-separated modes: {', '.join(ALL_MODES)}."),
+    modes: str = typer.Option(
+        "baseline,prefix,suffix,prefix+suffix", help=f"Comma-separated modes: {', '.join(ALL_MODES)}."
+    ),
     limit: Optional[int] = typer.Option(None, min=1, help="Number of samples (default: all)."),
     offset: int = typer.Option(0, min=0, help="Skip this many samples first."),
-    ids: Optional[str] = typer.Option(None, "--ids", help="Comma-separated sample ids to run (e.g. HumanEval/42,HumanEval/104), in the dataset's order; replaces --offset/--limit. Reruns the samples a diagnostic needs in one process."),
+    ids: Optional[str] = typer.Option(
+        None,
+        "--ids",
+        help="Comma-separated sample ids to run (e.g. HumanEval/42,HumanEval/104), in the dataset's order; replaces --offset/--limit. Reruns the samples a diagnostic needs in one process.",
+    ),
     path: Optional[str] = typer.Option(None, help="Dataset file (or LongProc data dir) of the upstream format."),
     cot_cap: int = typer.Option(2000, min=1, help="CoT cap: thinking is closed by force at this many tokens."),
-    answer_cap: Optional[int] = typer.Option(None, min=1, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."),
-    draft_budget: str = typer.Option("500", help="CoT length at which the draft is forked. Comma-separated (e.g. 50,100,200,400) for a sweep: one run per budget on one loaded engine, each with its own baseline, so that the report plots speedup against draft budget."),
-    draft_interval: Optional[int] = typer.Option(None, min=1, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."),
+    answer_cap: Optional[int] = typer.Option(
+        None, min=1, help="Continuation cap (default: paper row, 1500 HumanEval / 4000 ClassEval / 2000 LongProc)."
+    ),
+    draft_budget: str = typer.Option(
+        "500",
+        help="CoT length at which the draft is forked. Comma-separated (e.g. 50,100,200,400) for a sweep: one run per budget on one loaded engine, each with its own baseline, so that the report plots speedup against draft budget.",
+    ),
+    draft_interval: Optional[int] = typer.Option(
+        None, min=1, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."
+    ),
     max_draft: int = typer.Option(500, min=1, help="Maximum draft length (tokens)."),
-    natural: bool = typer.Option(False, "--natural/--fixed", help="Natural lengths (EOS and the model's end of thinking honoured) instead of the paper's fixed lengths."),
+    natural: bool = typer.Option(
+        False,
+        "--natural/--fixed",
+        help="Natural lengths (EOS and the model's end of thinking honoured) instead of the paper's fixed lengths.",
+    ),
     suffix_depth: int = typer.Option(4, help="Suffix tree depth (caps match + proposal)."),
     suffix_spec_tokens: int = typer.Option(16, help="Max tokens a suffix proposal may hold."),
     suffix_factor: float = typer.Option(4.0, help="Suffix budget factor (tokens per matched token)."),
     suffix_sources: str = typer.Option("draft", help="Suffix sources for SSR modes: draft[,prompt,output,global]."),
-    suffix_backoff: int = typer.Option(16, min=0, help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip)."),
+    suffix_backoff: int = typer.Option(
+        16,
+        min=0,
+        help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip).",
+    ),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own (e.g. one saved where transformers builds a GGUF's tokenizer correctly)."),
-    token_buckets: Optional[str] = typer.Option(None, "--token-buckets", help="Static forwards' tokens-per-row buckets, comma-separated (GPU default 1,2,4,8,16,32,64; given, a CPU engine buckets too). In bf16 kernels of different shapes round differently: e.g. 16,64 puts decode and every verify of <= 16 tokens in one shape."),
-    max_len: Optional[int] = typer.Option(None, "--max-len", min=1, help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices."),
-    num_slots: int = typer.Option(4, min=1, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."),
-    concurrency: int = typer.Option(1, min=1, help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time."),
-    draft: Optional[str] = typer.Option(None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."),
+    tokenizer: Optional[str] = typer.Option(
+        None,
+        "--tokenizer",
+        help="Tokenizer directory to use instead of the model's own (e.g. one saved where transformers builds a GGUF's tokenizer correctly).",
+    ),
+    token_buckets: Optional[str] = typer.Option(
+        None,
+        "--token-buckets",
+        help="Static forwards' tokens-per-row buckets, comma-separated (GPU default 1,2,4,8,16,32,64; given, a CPU engine buckets too). In bf16 kernels of different shapes round differently: e.g. 16,64 puts decode and every verify of <= 16 tokens in one shape.",
+    ),
+    max_len: Optional[int] = typer.Option(
+        None,
+        "--max-len",
+        min=1,
+        help="Engine context (KV positions per slot); default: what the longest runnable sample needs. Larger values keep every run's cache shape fixed across sample slices.",
+    ),
+    num_slots: int = typer.Option(
+        4, min=1, help="KV slots (a request and its drafts need 2+; raised to 3 x --concurrency)."
+    ),
+    concurrency: int = typer.Option(
+        1,
+        min=1,
+        help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time.",
+    ),
+    draft: Optional[str] = typer.Option(
+        None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."
+    ),
     out: str = typer.Option("runs/bench.jsonl", help="JSONL file the records are appended to."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Skip (sample, mode) pairs already in --out."),
-    check_exact: bool = typer.Option(True, "--check-exact/--no-check-exact", help="Compare each mode's tokens with the baseline's; list mismatches."),
-    score: bool = typer.Option(False, "--score/--no-score", help="Grade answers with the benchmark's checker (subprocess)."),
+    check_exact: bool = typer.Option(
+        True, "--check-exact/--no-check-exact", help="Compare each mode's tokens with the baseline's; list mismatches."
+    ),
+    score: bool = typer.Option(
+        False, "--score/--no-score", help="Grade answers with the benchmark's checker (subprocess)."
+    ),
     seed: int = typer.Option(0, help="Sampling seed (greedy runs ignore it)."),
-    group_warm_up: bool = typer.Option(True, "--group-warm-up/--no-group-warm-up", help="Short untimed runs of every sample before its timed ones, so that the first timed run (whichever mode has that place) does not pay for a new prompt shape or an idle GPU."),
-    run_name: Optional[str] = typer.Option(None, "--run-name", help="Name a run that must stay apart from others of the same settings (e.g. an ablation re-running the baseline beside modes a committed run lacks): its records resume, pair and get a report table only with records of the same name."),
-    data_version: Optional[str] = typer.Option(None, help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1)."),
+    group_warm_up: bool = typer.Option(
+        True,
+        "--group-warm-up/--no-group-warm-up",
+        help="Short untimed runs of every sample before its timed ones, so that the first timed run (whichever mode has that place) does not pay for a new prompt shape or an idle GPU.",
+    ),
+    run_name: Optional[str] = typer.Option(
+        None,
+        "--run-name",
+        help="Name a run that must stay apart from others of the same settings (e.g. an ablation re-running the baseline beside modes a committed run lacks): its records resume, pair and get a report table only with records of the same name.",
+    ),
+    data_version: Optional[str] = typer.Option(
+        None,
+        help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1).",
+    ),
 ) -> None:
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
     if ctx.invoked_subcommand is not None:
         return
-    from selfspec_bench.runner import ResumeMismatchError, mismatches, record_skipped, run_bench
-    from selfspec.run_info import device_name, library_versions
+    from selfspec.engine.config import EngineConfig
     from selfspec.engine.fusion import inductor_modes
-    from selfspec.engine.llm_engine import EngineConfig
-    from selfspec.llm import LLM
     from selfspec.engine.static_forward import GraphBuckets
-    from selfspec.spec.ssr_config import SuffixOptions
+    from selfspec.llm import LLM
+    from selfspec.run_info import device_name, library_versions
+    from selfspec.spec.suffix import SuffixOptions
 
     try:
-        buckets = GraphBuckets(tokens=tuple(int(x) for x in token_buckets.split(","))) if token_buckets else GraphBuckets()
+        buckets = (
+            GraphBuckets(tokens=tuple(int(x) for x in token_buckets.split(","))) if token_buckets else GraphBuckets()
+        )
     except ValueError as err:
         console.print(f"[red]error:[/] --token-buckets {token_buckets!r}: {err}")
         raise typer.Exit(2)
@@ -85,7 +154,8 @@ def bench(
     cap = answer_cap or PAPER_ANSWER_CAPS.get(family, 1500)
     try:
         settings = _checked_settings(
-            budgets, mode_list,
+            budgets,
+            mode_list,
             cot_cap=cot_cap,
             answer_cap=cap,
             draft_interval=draft_interval,
@@ -112,20 +182,23 @@ def bench(
         known = {s.id for s in everything}
         missing = [i for i in wanted if i not in known]
         if missing or not wanted:
-            console.print(f"[red]error:[/] --ids: {', '.join(missing) or 'no ids given'} not in {benchmark} "
-                          f"(ids look like {everything[0].id if everything else '?'})")
+            console.print(
+                f"[red]error:[/] --ids: {', '.join(missing) or 'no ids given'} not in {benchmark} "
+                f"(ids look like {everything[0].id if everything else '?'})"
+            )
             raise typer.Exit(2)
         samples = [s for s in everything if s.id in set(wanted)]
     else:
         samples = _load_samples(benchmark, path, {**extra, "limit": limit, "offset": offset})
         if not samples:
-            console.print(f"[red]error:[/] --offset {offset}{f' --limit {limit}' if limit else ''} selects no sample of {benchmark}")
+            console.print(
+                f"[red]error:[/] --offset {offset}{f' --limit {limit}' if limit else ''} selects no sample of {benchmark}"
+            )
             raise typer.Exit(2)
     if "sps" in mode_list and draft is None:
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
     num_slots = max(num_slots, 3 * concurrency)
-    from selfspec_bench.context_fit import fit_to_context
     from selfspec.engine.llm_engine import model_context_length
     from selfspec.models import load_model
     from selfspec.models.tokenizer_check import tokenizer_summary
@@ -137,7 +210,9 @@ def bench(
         raise typer.Exit(2) from None
     # The engine gets the room the longest sample needs; samples that cannot fit the model's
     # context at these budgets are skipped and recorded (`context_fit`).
-    fit = fit_to_context(samples, loaded.tokenizer, loaded.thinking, model_context_length(loaded.model.config), cot_cap, cap)
+    fit = fit_to_context(
+        samples, loaded.tokenizer, loaded.thinking, model_context_length(loaded.model.config), cot_cap, cap
+    )
     if fit.skipped:
         console.print(
             f"[yellow]{len(fit.skipped)} of {len(samples)} samples skipped:[/] prompt + CoT cap ({cot_cap}) + answer cap "
@@ -146,28 +221,39 @@ def bench(
         )
     samples = fit.runnable
     if max_len is not None and max_len < fit.max_len:
-        console.print(f"[red]error:[/] --max-len {max_len} is shorter than the {fit.max_len} positions the longest sample needs")
+        console.print(
+            f"[red]error:[/] --max-len {max_len} is shorter than the {fit.max_len} positions the longest sample needs"
+        )
         raise typer.Exit(2)
     if max_len is not None and max_len > fit.context:
         console.print(f"[red]error:[/] --max-len {max_len} exceeds {loaded.name}'s context of {fit.context} tokens")
         raise typer.Exit(2)
     # --token-buckets also puts a CPU engine on the bucketed static path (a GPU takes it with its graphs).
-    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or fit.max_len, clamp_max_len=True, graph_buckets=buckets,
-                                 static_shapes=token_buckets is not None)
+    engine_config = EngineConfig(
+        num_slots=num_slots,
+        max_len=max_len or fit.max_len,
+        clamp_max_len=True,
+        graph_buckets=buckets,
+        static_shapes=token_buckets is not None,
+    )
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {
         "device": device if device == "cpu" else device_name(device),
         "dtype": dtype,
         "date": time.strftime("%Y-%m-%d"),
         "versions": library_versions(),
-        "tokenizer": str(Path(tokenizer).expanduser().resolve()) if tokenizer else "model",  # where prompts were tokenized
+        "tokenizer": str(Path(tokenizer).expanduser().resolve())
+        if tokenizer
+        else "model",  # where prompts were tokenized
         "tokenizer_summary": tokenizer_summary(loaded.tokenizer),  # and what it makes of plain English
         "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
         "inductor": inductor_modes(),  # deterministic / batch-invariant compiled kernels
         "token_buckets": list(buckets.tokens),  # static forwards' token buckets (a bf16 rounding factor)
     }
-    console.print(f"{len(samples)} samples x {len(mode_list)} modes -> {out}"
-                  + (f" (draft budgets {', '.join(map(str, budgets))}: one run each)" if len(budgets) > 1 else ""))
+    console.print(
+        f"{len(samples)} samples x {len(mode_list)} modes -> {out}"
+        + (f" (draft budgets {', '.join(map(str, budgets))}: one run each)" if len(budgets) > 1 else "")
+    )
     for index, budget in enumerate(budgets):
         run_settings = dataclasses.replace(settings, draft_budget=budget)
         # Each run's records carry the command that reproduces that run alone.
@@ -176,13 +262,28 @@ def bench(
         if not samples and fresh and Path(out).exists():
             Path(out).unlink()  # --fresh with nothing to run: only this run's skip records remain
         try:
-            records = run_bench(llm, samples, mode_list, run_settings, Path(out), resume=not fresh, score=score,
-                                meta=run_meta, warm_each_group=group_warm_up,
-                                co_tenant_probe=co_tenant_probe(device)) if samples else []
+            records = (
+                run_bench(
+                    llm,
+                    samples,
+                    mode_list,
+                    run_settings,
+                    Path(out),
+                    resume=not fresh,
+                    score=score,
+                    meta=run_meta,
+                    warm_each_group=group_warm_up,
+                    co_tenant_probe=co_tenant_probe(device),
+                )
+                if samples
+                else []
+            )
         except ResumeMismatchError as exc:
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from None
-        record_skipped(Path(out), fit.skipped, llm.model_name, run_settings, run_meta)  # after run_bench: --fresh clears the file
+        record_skipped(
+            Path(out), fit.skipped, llm.model_name, run_settings, run_meta
+        )  # after run_bench: --fresh clears the file
         if check_exact:
             _print_exactness(mismatches(records), budget if len(budgets) > 1 else None)
 
@@ -190,8 +291,6 @@ def bench(
 def _checked_settings(budgets: list[int], modes: list[str], **knobs: Any) -> BenchSettings:
     """The run's settings, with every mode's spec built once per budget (`check_settings`), so
     that a bad knob stops the command here rather than after the first sample's baseline ran."""
-    from selfspec_bench.runner import check_settings
-
     settings = BenchSettings(draft_budget=budgets[0], **knobs)
     for budget in budgets:
         check_settings(modes, dataclasses.replace(settings, draft_budget=budget))
@@ -199,7 +298,11 @@ def _checked_settings(budgets: list[int], modes: list[str], **knobs: Any) -> Ben
 
 
 # The options behind SuffixOptions' fields, so that an error names what the user typed.
-_SUFFIX_FLAGS = {"max_depth": "--suffix-depth", "max_spec_tokens": "--suffix-spec-tokens", "spec_factor": "--suffix-factor"}
+_SUFFIX_FLAGS = {
+    "max_depth": "--suffix-depth",
+    "max_spec_tokens": "--suffix-spec-tokens",
+    "spec_factor": "--suffix-factor",
+}
 
 
 def _settings_problem(err: ValueError) -> str:
@@ -217,8 +320,6 @@ def _settings_problem(err: ValueError) -> str:
 def _load_samples(benchmark: str, path: str | None, opts: dict[str, Any]) -> list[Any]:
     """The benchmark's samples, or a clear error (exit 2) for an unknown benchmark or a data file
     that is missing or not of the upstream format: a user's own file should not end in a traceback."""
-    from selfspec_bench.datasets import load_benchmark
-
     try:
         return load_benchmark(benchmark, path=path, **opts)
     except (OSError, ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
@@ -235,7 +336,9 @@ def _parse_budgets(text: str) -> list[int]:
     except ValueError:
         budgets = []
     if not budgets or any(b < 1 for b in budgets) or len(set(budgets)) != len(budgets):
-        console.print(f"[red]error:[/] --draft-budget {text!r}: give a positive integer, or distinct ones separated by commas")
+        console.print(
+            f"[red]error:[/] --draft-budget {text!r}: give a positive integer, or distinct ones separated by commas"
+        )
         raise typer.Exit(2)
     return budgets
 
@@ -256,7 +359,10 @@ def report(
     out_dir: str = typer.Option("benchmarks/results/report", help="Where report.md and the PNG plots go."),
 ) -> None:
     """Markdown tables per model x benchmark and PNG plots from bench records."""
-    from selfspec_bench.report import ReportError, build_report
+    from selfspec_bench.report import (
+        ReportError,
+        build_report,
+    )  # matplotlib and scipy: ~2 s `selfspec bench` need not pay
 
     try:
         path = build_report([Path(p) for p in inputs], Path(out_dir))
@@ -287,7 +393,3 @@ def _command_line(params: dict) -> str:
         elif value is not None:
             parts += [flag, str(value)]
     return " ".join(parts)
-
-
-def _dump(obj) -> str:
-    return json.dumps(obj, indent=2)

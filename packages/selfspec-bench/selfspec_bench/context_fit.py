@@ -4,11 +4,11 @@ the engine's context must be.
 Why: LongProc prompts run to 6,800 tokens (countdown) and beyond (html_to_tsv pages: median
 13,000 tokens with SmolLM2's tokenizer, up to 83,000), and the paper row adds a 2,000-token
 CoT and a 2,000-token answer. SmolLM2's context is 8,192: none of countdown's samples fits,
-8 of html_to_tsv's 100 do. Before, the engine was sized at CoT + answer + 4,096 and the first
-long prompt aborted the whole run. Now the engine gets exactly the room the longest runnable
-sample needs (within the model's context), and a sample that cannot fit is skipped with a
-recorded reason instead of being run truncated — at fixed lengths a shorter CoT or answer
-would be another experiment, not the paper row.
+8 of html_to_tsv's 100 do. So the engine gets exactly the room the longest runnable sample
+needs (within the model's context; a fixed margin over CoT + answer would abort the whole run
+at the first prompt longer than it), and a sample that cannot fit is skipped with a recorded
+reason instead of being run truncated — at fixed lengths a shorter CoT or answer would be
+another experiment, not the paper row.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from selfspec_bench.datasets.sample import BenchSample
 from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
+from selfspec_bench.datasets.sample import BenchSample
 
 CLOSE_MARGIN = 16
 """Tokens kept beyond prompt + CoT cap + answer cap: the end-of-thinking marker and slack."""

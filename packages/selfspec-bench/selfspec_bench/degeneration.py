@@ -4,9 +4,8 @@ Why this exists: at the paper-row fixed lengths small models are forced to write
 answer tokens, and they fill them with repetition. A draft that falls into the same repetition is
 accepted for free, so such samples flatter every speculative mode and must be set apart. The
 first measure (distinct-4-gram ratio of the answer tokens below 0.5) catches answers that are
-loops from start to end. Reading the samples it let through (session 19) found two more kinds,
-both caught here from the answer *text*, so that committed records are re-judged without
-re-running them:
+loops from start to end. Two more kinds get past it; both are caught here from the answer
+*text*, so that committed records are re-judged without re-running them:
 
 - **repeated block**: one block written three or more times back to back over >= 512
   characters, a loop that starts partway through an otherwise varied answer (`... S-shaped
@@ -48,8 +47,9 @@ def distinct_ngram_ratio(tokens: Sequence[int], n: int = 4) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-def longest_periodic_span(seq: Sequence[int] | np.ndarray, max_period: int,
-                          min_repeats: int = BLOCK_MIN_REPEATS) -> tuple[int, int]:
+def longest_periodic_span(
+    seq: Sequence[int] | np.ndarray, max_period: int, min_repeats: int = BLOCK_MIN_REPEATS
+) -> tuple[int, int]:
     """(period, span) of the longest stretch where `seq[t] == seq[t + period]` throughout, over
     token ids or character codes alike (the thinker's evaluator judges its loops on tokens).
 
@@ -99,7 +99,7 @@ def longest_counting_run(text: str, max_gap: int = COUNTING_MAX_GAP) -> int:
 
 @lru_cache(maxsize=64)
 def text_degeneration(text: str) -> str | None:
-    """"repeated block", "counting run" or None for an answer's text (cached: the modes of one
+    """ "repeated block", "counting run" or None for an answer's text (cached: the modes of one
     sample share their text whenever they are exact, and their records sit together; a small
     cache, since answers run to 20,000 characters and a bench process lives for hours)."""
     if repeated_block_span(text)[1] >= BLOCK_MIN_CHARS:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 
-def end_of_text_fields(answer_ids: Sequence[int], eos_token_ids: Iterable[int], tokenizer: Any | None) -> dict[str, Any]:
+def end_of_text_fields(
+    answer_ids: Sequence[int], eos_token_ids: Iterable[int], tokenizer: Any | None
+) -> dict[str, Any]:
     """`answer_eos_at` (index of the first end-of-text token in the answer, None if there is none),
     `forced_past_eos` (answer tokens after it: 0 when the answer stopped there or never ended) and,
     only when tokens were forced past it, `answer_text_at_eos` (the answer decoded up to it)."""

@@ -9,17 +9,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from selfspec.spec.baselines import SpeculationConfig
-from selfspec.spec.ssr_config import SSRConfig, SuffixOptions
+from selfspec.config import DraftModelConfig, PromptLookupConfig, SuffixDecodingConfig
+from selfspec.spec.ssr import SSRConfig
+from selfspec.spec.suffix import SuffixOptions
 
 ENGINE_MODES = (
-    "baseline", "prefix", "suffix", "prefix+suffix", "ssr+think", "iterative", "suffix-decoding", "prompt-lookup", "sps", "ssr-off",
+    "baseline",
+    "prefix",
+    "suffix",
+    "prefix+suffix",
+    "ssr+think",
+    "iterative",
+    "suffix-decoding",
+    "prompt-lookup",
+    "sps",
+    "ssr-off",
 )
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 SKIPPED = "skipped"
-"""The `mode` of a record saying a sample was not run and why (`bench.context_fit`); never a decoding mode."""
-ALL_MODES = ENGINE_MODES + EXTERNAL_MODES
-LOSSLESS = set(ALL_MODES)  # every mode here must reproduce the baseline's greedy tokens
+"""The `mode` of a record saying a sample was not run and why (`context_fit.py`); never a decoding mode."""
+ALL_MODES = ENGINE_MODES + EXTERNAL_MODES  # every one must reproduce the baseline's greedy tokens
 
 
 @dataclass
@@ -59,8 +68,12 @@ PAPER_ANSWER_CAPS = {"humaneval": 1500, "classeval": 4000, "longproc": 2000}
 
 def spec_for(mode: str, s: BenchSettings):
     """The `spec` object `LLM.generate` takes for an engine mode (None for the baseline)."""
-    ssr = dict(max_draft_len=s.max_draft_len, suffix=s.suffix, suffix_sources=s.suffix_sources,
-               suffix_backoff_max=s.suffix_backoff_max)
+    ssr = dict(
+        max_draft_len=s.max_draft_len,
+        suffix=s.suffix,
+        suffix_sources=s.suffix_sources,
+        suffix_backoff_max=s.suffix_backoff_max,
+    )
     if mode == "baseline":
         return None
     if mode in ("prefix", "suffix", "prefix+suffix"):
@@ -73,9 +86,9 @@ def spec_for(mode: str, s: BenchSettings):
     if mode == "iterative":
         return SSRConfig(draft_interval=s.draft_interval or s.draft_budget, **ssr)
     if mode == "suffix-decoding":
-        return SpeculationConfig(method="suffix", suffix=s.suffix, sources=["prompt", "output"])
+        return SuffixDecodingConfig(suffix=s.suffix, sources=["prompt", "output"])
     if mode == "prompt-lookup":
-        return SpeculationConfig(method="ngram")
+        return PromptLookupConfig()
     if mode == "sps":  # draft-model speculation; the LLM needs a draft (bench --draft layers:N)
-        return SpeculationConfig(method="draft")
+        return DraftModelConfig()
     raise ValueError(f"unknown engine mode {mode!r}; choose from {', '.join(ALL_MODES)}")

@@ -33,18 +33,39 @@ def plot_latency_split(title: str, table: dict[str, dict[str, Any]], path: Path)
         s = table[mode]
         total = s["mean_latency_s"] or 0.0
         if s["mean_thinking_s"] is not None and s["mean_answer_s"] is not None:
-            ax.bar(x, s["mean_thinking_s"], color=COT_COLOR, label="CoT (thinking)" if x == _first_split(table) else None)
-            ax.bar(x, s["mean_answer_s"], bottom=s["mean_thinking_s"], color=ANSWER_COLOR,
-                   label="answer" if x == _first_split(table) else None)
+            ax.bar(
+                x, s["mean_thinking_s"], color=COT_COLOR, label="CoT (thinking)" if x == _first_split(table) else None
+            )
+            ax.bar(
+                x,
+                s["mean_answer_s"],
+                bottom=s["mean_thinking_s"],
+                color=ANSWER_COLOR,
+                label="answer" if x == _first_split(table) else None,
+            )
         else:
-            ax.bar(x, total, color=TOTAL_COLOR, hatch="//", edgecolor="white",
-                   label="total (no CoT/answer split)" if x == _first_total(table) else None)
+            ax.bar(
+                x,
+                total,
+                color=TOTAL_COLOR,
+                hatch="//",
+                edgecolor="white",
+                label="total (no CoT/answer split)" if x == _first_total(table) else None,
+            )
         speedup = s["speedup"]
         text = f"{total:.3g}s" + (f"\n{speedup:.2f}x" if speedup is not None else "")
         if s["n"] != most_samples:  # a partial run: this bar averages fewer samples
             text += f"\nn={s['n']}"
-        ax.annotate(text, (x, total), textcoords="offset points", xytext=(0, 3), ha="center", va="bottom", fontsize=8,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
+        ax.annotate(
+            text,
+            (x, total),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
+        )
     baseline = table.get("baseline", {}).get("mean_latency_s")
     if baseline:
         ax.axhline(baseline, color="black", linestyle="--", linewidth=0.8, label="baseline latency")
@@ -89,7 +110,9 @@ def plot_speedup_vs_budget(
         ax.grid(alpha=0.3)
         if not data:
             ax.set_xticks([])
-            ax.text(0.5, 0.5, "no samples left to pair with a baseline", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, "no samples left to pair with a baseline", ha="center", va="center", transform=ax.transAxes
+            )
     axes[0][0].set_ylabel("speedup vs baseline (paired mean)")
     handles, labels = {}, []
     for ax in axes[0]:  # a mode may appear in one panel only
@@ -108,11 +131,20 @@ def _mode_colors(modes: list[str]) -> dict[str, Any]:
 
 
 def _first_split(table: dict[str, dict[str, Any]]) -> int | None:
-    return next((i for i, s in enumerate(table.values()) if s["mean_thinking_s"] is not None and s["mean_answer_s"] is not None), None)
+    return next(
+        (
+            i
+            for i, s in enumerate(table.values())
+            if s["mean_thinking_s"] is not None and s["mean_answer_s"] is not None
+        ),
+        None,
+    )
 
 
 def _first_total(table: dict[str, dict[str, Any]]) -> int | None:
-    return next((i for i, s in enumerate(table.values()) if s["mean_thinking_s"] is None or s["mean_answer_s"] is None), None)
+    return next(
+        (i for i, s in enumerate(table.values()) if s["mean_thinking_s"] is None or s["mean_answer_s"] is None), None
+    )
 
 
 def _save(fig, path: Path) -> Path:

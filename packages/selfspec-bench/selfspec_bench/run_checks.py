@@ -43,10 +43,15 @@ def divergence_summary(group: Group) -> dict[str, dict[str, Any]]:
         if not left:
             continue
         pairs = Counter(
-            (str(r.get("first_divergence_shape", "?")).split("/")[0], str(r.get("baseline_shape_at_divergence", "?")).split("/")[0])
-            for r in left)
+            (
+                str(r.get("first_divergence_shape", "?")).split("/")[0],
+                str(r.get("baseline_shape_at_divergence", "?")).split("/")[0],
+            )
+            for r in left
+        )
         out[mode] = {
-            "compared": len(recs), "left_baseline": len(left),
+            "compared": len(recs),
+            "left_baseline": len(left),
             "in_cot": sum(r.get("first_divergence_phase") == "cot" for r in left),
             "in_answer": sum(r.get("first_divergence_phase") == "answer" for r in left),
             "shapes": [{"mode_shape": m, "baseline_shape": b, "count": n} for (m, b), n in pairs.most_common()],
@@ -55,7 +60,7 @@ def divergence_summary(group: Group) -> dict[str, dict[str, Any]]:
 
 
 def exactness_by_source(group: Group) -> dict[str, dict[str, tuple[int, int]]]:
-    """Per package source hash (`versions.selfspec_source`; "before hashes" for older records),
+    """Per package source hash (`versions.selfspec_source`; "before hashes" for records without one),
     per mode: (records equal to their baseline, records compared).
 
     Why: benchmark files resume across code changes, so one table can mix engines; an exact-match
@@ -107,12 +112,13 @@ def timing_check(group: Group) -> dict[str, Any]:
 def position_check(group: Group, warmed: bool | None = None) -> dict[str, dict[int, dict[str, float]]]:
     """Median time per forward of each mode at each place in its sample's run order.
 
-    Why: session 10 found the baseline, then always first, ~9% slower per forward than the same
-    steps run later (H200, half-second requests), which flattered every other mode. The runner
-    now rotates every mode through every place and records `run_position`; this table shows
-    whether a place still costs something (a mode slower in one place than in the others).
-    Empty for records written before `run_position` existed. `warmed`: only records whose
-    sample had (True) or had not (False) short untimed runs before its timed ones.
+    Why: a place in the order can cost something of its own (on an H200, half-second requests,
+    a baseline always run first took ~9% longer per forward than the same steps run later),
+    which flatters or penalises whichever mode holds it. The runner rotates every mode through
+    every place and records `run_position`; this table shows whether a place still costs
+    something (a column higher than the others in every mode). Empty for records without
+    `run_position`. `warmed`: only records whose sample had (True) or had not (False) short
+    untimed runs before its timed ones.
     """
     cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rec in group.records:
@@ -121,8 +127,10 @@ def position_check(group: Group, warmed: bool | None = None) -> dict[str, dict[i
         position, ms = rec.get("run_position"), ms_per_forward(rec)
         if position and ms is not None:
             cells[rec["mode"]][int(position)].append(ms)
-    return {mode: {pos: {"n": len(v), "median_ms_per_forward": statistics.median(v)} for pos, v in sorted(per.items())}
-            for mode, per in cells.items()}
+    return {
+        mode: {pos: {"n": len(v), "median_ms_per_forward": statistics.median(v)} for pos, v in sorted(per.items())}
+        for mode, per in cells.items()
+    }
 
 
 SHARING_CONDITIONS = ("alone", "shared", "not recorded")
@@ -144,16 +152,24 @@ def sample_sharing(group: Group) -> dict[str, str]:
     return {sid: _sample_sharing(recs) for sid, recs in group.by_sample().items()}
 
 
+def sharing_counts(group: Group) -> dict[str, int]:
+    """How many of a run's samples ran alone, shared the GPU, or did not record it (every condition, 0 too)."""
+    counts = Counter(sample_sharing(group).values())
+    return {condition: counts[condition] for condition in SHARING_CONDITIONS}
+
+
 def sharing_check(group: Group) -> dict[str, Any]:
     """Per-mode time per forward and paired speedup of samples that ran alone on their GPU,
     beside those that shared it with other processes (and those that did not record it).
 
-    Why: session 13 had one GPU and ran two queues on it; every forward took 1.7-2.1x as long
-    as session 12's on a GPU of its own, so a table that mixes both holds mean latencies of two
-    conditions. Every mode of a sample runs in one process back to back, yet sharing still moves
-    paired speedups: it slows one-token forwards more than verify forwards, so the speculative
-    modes read faster shared (session 14, the same 8 samples: prompt lookup 4.30x shared, 3.61x
-    alone). Empty unless some record says it shared the GPU."""
+    Why: two bench processes on one H200 made every forward take 1.7-2.1x as long as on a GPU
+    of its own, so a table that mixes both conditions holds mean latencies of two experiments.
+    Every mode of a sample runs in one process back to back, yet sharing still moves paired
+    speedups: it slows one-token forwards more than verify forwards, so the speculative modes
+    read faster shared (SmolLM2 on the same 8 LongProc tom_tracking samples, prompt lookup 4.30x
+    shared and 3.61x alone: the rerun table of `selfspec bench report` over
+    benchmarks/ssr_paper_rows/records/h200/smollm2_longproc-tom_tracking*.jsonl.gz). Empty unless some
+    record says it shared the GPU."""
     condition = sample_sharing(group)
     if "shared" not in condition.values():
         return {}
@@ -164,10 +180,14 @@ def sharing_check(group: Group) -> dict[str, Any]:
 
     def cell(recs: list[Record]) -> dict[str, Any]:
         ms = [m for m in map(ms_per_forward, recs) if m is not None]
-        speedups = [base / lat for r in recs
-                    if (base := latency_of(baseline.get(r["sample_id"]))) and (lat := latency_of(r))]
-        return {"n": len(recs), "median_ms_per_forward": statistics.median(ms) if ms else None,
-                "mean_speedup": statistics.fmean(speedups) if speedups else None}
+        speedups = [
+            base / lat for r in recs if (base := latency_of(baseline.get(r["sample_id"]))) and (lat := latency_of(r))
+        ]
+        return {
+            "n": len(recs),
+            "median_ms_per_forward": statistics.median(ms) if ms else None,
+            "mean_speedup": statistics.fmean(speedups) if speedups else None,
+        }
 
     table = {mode: {cond: cell(recs) for cond, recs in per.items()} for mode, per in cells.items()}
     counts = {cond: sum(1 for c in condition.values() if c == cond) for cond in SHARING_CONDITIONS}
@@ -195,7 +215,9 @@ def concurrency_checks(groups: list[Group]) -> list[dict[str, Any]]:
                     continue
                 row = {}
                 for name, group in (("single", single), ("batched", batched)):
-                    base = {r["sample_id"]: r for r in group.records if r["mode"] == BASELINE and r["sample_id"] in common}
+                    base = {
+                        r["sample_id"]: r for r in group.records if r["mode"] == BASELINE and r["sample_id"] in common
+                    }
                     recs = [r for r in group.records if r["mode"] == mode and r["sample_id"] in common]
                     row[name] = mode_stats(recs, base)["speedup"] if recs else None
                 row["difference"] = None if None in (row["single"], row["batched"]) else row["batched"] - row["single"]
@@ -209,8 +231,8 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
     samples: per mode, median ms per forward and mean paired speedup in each run, and how many
     samples gave the same output tokens both times.
 
-    Why: a named run that reruns samples of a committed one under another condition (session
-    14's `alone-check`: samples session 13 ran on a shared GPU, again with the GPU to itself)
+    Why: a named run that reruns samples of another run under another condition (e.g.
+    `--run-name alone-check`: samples that ran on a shared GPU, again with the GPU to itself)
     answers a question the sharing table cannot — the same samples, so any difference is the
     condition's or noise, not the samples'. Runs that share no sample are left out."""
     by_key: dict[tuple, dict[str | None, Group]] = defaultdict(dict)
@@ -226,8 +248,10 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
             if not common:
                 continue
             sides = {"reference": reference, "named": named}
-            recs = {side: {(r["sample_id"], r["mode"]): r for r in g.records if r["sample_id"] in common}
-                    for side, g in sides.items()}
+            recs = {
+                side: {(r["sample_id"], r["mode"]): r for r in g.records if r["sample_id"] in common}
+                for side, g in sides.items()
+            }
             modes: dict[str, dict[str, Any]] = {}
             shared_modes = {m for (_, m) in recs["reference"]} & {m for (_, m) in recs["named"]}
             for mode in mode_order(shared_modes):
@@ -236,11 +260,19 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
                     mine = [r for (sid, m), r in recs[side].items() if m == mode]
                     base = {sid: r for (sid, m), r in recs[side].items() if m == BASELINE}
                     ms = [m for m in map(ms_per_forward, mine) if m is not None]
-                    row[side] = {"n": len(mine), "median_ms_per_forward": statistics.median(ms) if ms else None,
-                                 "speedup": None if mode == BASELINE else mode_stats(mine, base)["speedup"]}
-                pairs = [(recs["reference"][(sid, mode)], recs["named"][(sid, mode)]) for sid in sorted(common)
-                         if (sid, mode) in recs["reference"] and (sid, mode) in recs["named"]]
-                row["same_tokens"] = sum(1 for a, b in pairs if a.get("output_hash") and a.get("output_hash") == b.get("output_hash"))
+                    row[side] = {
+                        "n": len(mine),
+                        "median_ms_per_forward": statistics.median(ms) if ms else None,
+                        "speedup": None if mode == BASELINE else mode_stats(mine, base)["speedup"],
+                    }
+                pairs = [
+                    (recs["reference"][(sid, mode)], recs["named"][(sid, mode)])
+                    for sid in sorted(common)
+                    if (sid, mode) in recs["reference"] and (sid, mode) in recs["named"]
+                ]
+                row["same_tokens"] = sum(
+                    1 for a, b in pairs if a.get("output_hash") and a.get("output_hash") == b.get("output_hash")
+                )
                 row["compared"] = len(pairs)
                 modes[mode] = row
             sharing = {}
@@ -249,6 +281,13 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
                 for (sid, _), r in by_pair.items():
                     per_sample[sid].append(r)
                 sharing[side] = dict(Counter(_sample_sharing(rs) for rs in per_sample.values()))
-            checks.append({"label": reference.label, "run_name": name, "n_common": len(common), "modes": modes,
-                           "sharing": sharing})
+            checks.append(
+                {
+                    "label": reference.label,
+                    "run_name": name,
+                    "n_common": len(common),
+                    "modes": modes,
+                    "sharing": sharing,
+                }
+            )
     return checks

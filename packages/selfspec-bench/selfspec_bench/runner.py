@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+from tqdm import tqdm
 
-from selfspec_bench.datasets import BenchSample
-from selfspec_bench.degeneration import distinct_ngram_ratio, loop_kind
-from selfspec_bench.end_of_text import end_of_text_fields
-from selfspec_bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.thinking.policy import ThinkingLimits
+from selfspec_bench.datasets import BenchSample
+from selfspec_bench.degeneration import distinct_ngram_ratio, loop_kind
+from selfspec_bench.end_of_text import end_of_text_fields
+from selfspec_bench.jsonl import append_jsonl, iter_jsonl
+from selfspec_bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
+from selfspec_bench.scoring import score as score_sample
 
 
 def token_hash(tokens: list[int]) -> str:
@@ -57,9 +60,7 @@ def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) 
     _sync(llm)
     compiled = compiled_graph_count()
     start = time.perf_counter()
-    (r,) = llm.generate(
-        [sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True
-    )
+    (r,) = llm.generate([sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
     _sync(llm)
     record = _engine_record(r, time.perf_counter() - start, llm)
     record["compiled_graphs"] = compiled_graph_count() - compiled
@@ -72,7 +73,7 @@ def compiled_graph_count() -> int:
     Why: a record whose run compiled something paid for it in its latency, and its eager forwards
     (prefill, long verify chunks, which call the engine's compiled twins) may have switched kernels
     mid-process; the warm-up is meant to leave 0 for every timed run."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # torch._dynamo loads the compiler stack: only once a run asks
 
     return int(counters["stats"]["unique_graphs"])
 
@@ -147,13 +148,25 @@ def run_external_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings
     with torch.inference_mode():
         ids = torch.tensor([prompt], device=llm.engine.device)
         cot = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.cot_cap, min_new_tokens=s.cot_cap,
-            do_sample=False, eos_token_id=None, pad_token_id=0, **extra,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=s.cot_cap,
+            min_new_tokens=s.cot_cap,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            **extra,
         )
         closed = torch.cat([cot, torch.tensor([list(fmt.close_ids)], device=cot.device)], dim=1)
         full = model.generate(
-            closed, attention_mask=torch.ones_like(closed), max_new_tokens=s.answer_cap, min_new_tokens=s.answer_cap,
-            do_sample=False, eos_token_id=None, pad_token_id=0, **extra,
+            closed,
+            attention_mask=torch.ones_like(closed),
+            max_new_tokens=s.answer_cap,
+            min_new_tokens=s.answer_cap,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            **extra,
         )
     _sync(llm)
     latency = time.perf_counter() - start
@@ -181,18 +194,18 @@ def _sync(llm: LLM) -> None:
         torch.cuda.synchronize()
 
 
-def _matching_records(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> Iterable[dict[str, Any]]:
+def _matching_records(
+    path: Path, model: str, settings: dict[str, Any], dtype: str | None = None
+) -> Iterable[dict[str, Any]]:
     """Records of this file made with the same model, settings and (if given) dtype (a file may hold a sweep)."""
     if not path.exists():
         return
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a killed run; it is simply redone
-        if rec.get("model") == model and rec.get("settings") == settings and (dtype is None or rec.get("dtype") == dtype):
+    for _, rec in iter_jsonl(path, bad_lines="skip"):  # a line cut by a killed run is simply redone
+        if (
+            rec.get("model") == model
+            and rec.get("settings") == settings
+            and (dtype is None or rec.get("dtype") == dtype)
+        ):
             yield rec
 
 
@@ -209,9 +222,10 @@ def check_resume_tokenizer(
 ) -> None:
     """Refuse to resume onto records whose `tokenizer_summary` differs from this run's.
 
-    Why: resuming keys on model, settings and dtype, not on how prompts were tokenized. Sessions
-    8–14 ran Gemma-3 with a wrongly built tokenizer; appending right-tokenizer records to such a
-    file would mix two experiments under one name. Records without a summary (older) cannot tell
+    Why: resuming keys on model, settings and dtype, not on how prompts were tokenized. A GGUF
+    whose tokenizer transformers builds wrongly (Gemma-3's, which `selfspec.models.tokenizer_check`
+    detects) gives the same model name other prompt tokens; appending right-tokenizer records to
+    such a file would mix two experiments under one name. Records without a summary cannot tell
     and are let through.
     """
     if summary is None:
@@ -261,11 +275,7 @@ def run_bench(
     _warm_up(llm, samples[: max(1, settings.concurrency)], settings, modes)
     before_warm_up.rewind()  # the warm-up's short answers are not past responses
     todo = [(s, m) for s in samples for m in modes if (s.id, m) not in done]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(todo), desc="bench", unit="run")
+    bar = tqdm(total=len(todo), desc="bench", unit="run") if progress else None
     baseline_hash = _baseline_hashes(out_path, model_name, settings_key, dtype) if resume else {}
     baseline_tokens: dict[str, tuple[list[int], int]] = {}  # this process's baselines: where modes leave them
     new: list[dict[str, Any]] = []
@@ -273,21 +283,25 @@ def run_bench(
     groups = [samples[j : j + group_size] for j in range(0, len(samples), group_size)]
     for i, group in enumerate(groups):
         pending_modes = [m for m in modes if any((sample.id, m) not in done for sample in group)]
-        # Every mode, the baseline too, takes each place in the order in turn: on the H200 the
-        # baseline, always first, ran ~9% slower per forward than the same steps in later
-        # runs (session 10, thinker v4b on HumanEval: runs that ended inside thinking, where
-        # SSR does strictly more work), which flattered every other mode.
+        # Every mode, the baseline too, takes each place in the order in turn: a place that costs
+        # more per forward must not flatter or penalise one mode. On an H200 the baseline, always
+        # first, ran ~9% slower per forward than the same steps in later runs (thinker v4b on
+        # HumanEval at natural lengths); the report's place table shows what each place costs.
         k = i % len(pending_modes) if pending_modes else 0
         order = pending_modes[k:] + pending_modes[:k]
         history = _SharedHistory(llm, "global" in settings.suffix_sources)
         if i > 0 and warm_each_group:
-            # Session 11 (rotated order): the first timed run of every sample cost more per
-            # forward in every mode (thinker v4b, HumanEval: +7% baseline, +15% SSR); likely
-            # causes: the previous group's scoring leaves the GPU idle, and this prompt's
-            # prefill shape has not run yet. Short untimed runs of this group put that cost
-            # outside the timed runs, so no mode pays it for its place in the order.
-            _short_runs(llm, [sample for sample in group if any((sample.id, m) not in done for m in modes)],
-                        settings, pending_modes)
+            # With the order rotated, the first timed run of a sample still cost more per forward
+            # in every mode (H200, thinker v4b on HumanEval: +7% baseline, +15% ssr+think at place
+            # 1 of the report's place table). Likely causes: the previous group's scoring leaves the
+            # GPU idle, and this prompt's prefill shape has not run yet. Short untimed runs of this
+            # group put that cost outside the timed runs, so no mode pays it for its place.
+            _short_runs(
+                llm,
+                [sample for sample in group if any((sample.id, m) not in done for m in modes)],
+                settings,
+                pending_modes,
+            )
             history.rewind()
         ran: dict[str, list[tuple[BenchSample, dict[str, Any]]]] = {}
         for position, mode in enumerate(order, start=1):
@@ -315,29 +329,18 @@ def run_bench(
         # Scored after every timed run of the group, then written in one piece, baseline first
         # (its tokens are the exactness reference): a group cut short — in its runs or in its
         # scoring — leaves no records, and a copy of the file taken while it grows (a device
-        # call's archive, session 11) holds at most a torn last line, not a part of a group.
+        # call's archive) holds at most a torn last line, not a part of a group.
         grades: dict[tuple[str, str], Any] = {}  # lossless modes write the same answers: grade each text once
-        finished = [_finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, baseline_tokens,
-                                   grades)
-                    for mode in pending_modes for sample, rec in ran[mode]]
-        _append_lines(out_path, [json.dumps(rec) for rec in finished])
+        finished = [
+            _finish_record(rec, sample, mode, model_name, settings, meta, baseline_hash, score, baseline_tokens, grades)
+            for mode in pending_modes
+            for sample, rec in ran[mode]
+        ]
+        append_jsonl(out_path, finished)
         new.extend(finished)
     if bar is not None:
         bar.close()
     return new
-
-
-def _append_lines(path: Path, lines: list[str]) -> None:
-    """Append JSONL lines in one write. A file that ends in a torn line (a run killed while it
-    wrote) first gets its newline, so the torn line stays one unreadable line that readers skip
-    instead of swallowing the first new record."""
-    torn = False
-    if path.exists() and path.stat().st_size:
-        with path.open("rb") as f:
-            f.seek(-1, 2)
-            torn = f.read(1) != b"\n"
-    with path.open("a") as f:
-        f.write(("\n" if torn else "") + "".join(line + "\n" for line in lines))
 
 
 def _finish_record(
@@ -375,13 +378,11 @@ def _finish_record(
             reference, reference_cot, reference_shapes = baseline_tokens[sample.id]
             rec.update(divergence_fields(reference, reference_cot, tokens, reference_shapes, shapes))
     if score and rec.get("answer_text") is not None:
-        from selfspec_bench.scoring import score as score_fn
-
         grades = {} if grades is None else grades
 
         def grade(text: str):  # each checker run is a subprocess; equal answers need only one
             if (sample.id, text) not in grades:
-                grades[(sample.id, text)] = score_fn(sample, text)
+                grades[(sample.id, text)] = score_sample(sample, text)
             return grades[(sample.id, text)]
 
         result = grade(rec["answer_text"])
@@ -427,7 +428,9 @@ def divergence_fields(
     if index is None:
         return {"first_divergence": None, "first_divergence_phase": None}
     fields: dict[str, Any] = {
-        "first_divergence": index, "first_divergence_phase": "cot" if index < reference_cot_tokens else "answer"}
+        "first_divergence": index,
+        "first_divergence_phase": "cot" if index < reference_cot_tokens else "answer",
+    }
     if shapes is not None and index < len(shapes):
         fields["first_divergence_shape"] = shapes[index]
     if reference_shapes is not None and index < len(reference_shapes):
@@ -436,7 +439,11 @@ def divergence_fields(
 
 
 def _baseline_hashes(path: Path, model: str, settings: dict[str, Any], dtype: str | None = None) -> dict[str, str]:
-    return {r["sample_id"]: r["output_hash"] for r in _matching_records(path, model, settings, dtype) if r["mode"] == "baseline"}
+    return {
+        r["sample_id"]: r["output_hash"]
+        for r in _matching_records(path, model, settings, dtype)
+        if r["mode"] == "baseline"
+    }
 
 
 class _SharedHistory:
@@ -487,8 +494,6 @@ def _warm_up(llm: LLM, group: list[BenchSample], s: BenchSettings, modes: list[s
         return
     runner = llm.engine.runner
     if runner.static is not None and runner.static.capture:
-        from tqdm import tqdm
-
         buckets = runner.static.buckets
         rows = [b for b in buckets.batch if b <= max(1, 3 * s.concurrency)] or [buckets.batch[0]]
         keys = runner.max_len
@@ -504,7 +509,12 @@ def _short_runs(llm: LLM, group: list[BenchSample], s: BenchSettings, modes: lis
     if not group:
         return
     short = dataclasses.replace(
-        s, cot_cap=8, answer_cap=8, draft_budget=4, max_draft_len=4, fixed_length=True,
+        s,
+        cot_cap=8,
+        answer_cap=8,
+        draft_budget=4,
+        max_draft_len=4,
+        fixed_length=True,
         draft_interval=4 if s.draft_interval is not None else None,
     )
     engine_modes = [m for m in dict.fromkeys(["baseline", *modes]) if m not in EXTERNAL_MODES]
@@ -526,15 +536,16 @@ def record_skipped(
     settings_key = json.loads(json.dumps(settings.to_dict()))
     dtype = (meta or {}).get("dtype")
     known = {sid for sid, mode in completed_pairs(out_path, model, settings_key, dtype) if mode == SKIPPED}
-    with out_path.open("a") as f:
-        for entry in skipped:
-            if entry["sample_id"] in known:
-                continue
-            record = {**entry, "kind": SKIPPED, "mode": SKIPPED, "model": model, "settings": settings.to_dict(), **(meta or {})}
-            f.write(json.dumps(record) + "\n")
+    append_jsonl(
+        out_path,
+        [
+            {**entry, "kind": SKIPPED, "mode": SKIPPED, "model": model, "settings": settings.to_dict(), **(meta or {})}
+            for entry in skipped
+            if entry["sample_id"] not in known
+        ],
+    )
 
 
 def mismatches(records: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
     """(sample, mode) pairs whose output differs from the baseline's."""
     return [(r["sample_id"], r["mode"]) for r in records if r.get("exact_match") is False]
-

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from ..plugins import PLUGIN_LOADERS, load_plugins
 from .classeval import load_classeval
 from .gsm8k import load_gsm8k
 from .humaneval import load_humaneval
@@ -20,7 +21,6 @@ from .longproc import load_longproc_all, load_longproc_task
 from .math500 import load_math500
 from .mbpp import load_mbpp
 from .sample import BenchSample
-from ..plugins import PLUGIN_LOADERS, load_plugins
 
 Loader = Callable[..., list[BenchSample]]
 

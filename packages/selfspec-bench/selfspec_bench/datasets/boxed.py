@@ -16,7 +16,7 @@ def last_boxed(text: str) -> str | None:
     if start < 0:
         return None
     command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    rest = text[start + len(command):]
+    rest = text[start + len(command) :]
     if rest.startswith(" ") and not rest.lstrip().startswith("{"):
         # "\boxed 5" form: the argument runs to the next "$" or whitespace.
         token = rest.strip().split("$")[0].split()
@@ -32,5 +32,5 @@ def last_boxed(text: str) -> str | None:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return rest[brace + 1:index]
+                return rest[brace + 1 : index]
     return None  # unbalanced: the answer was cut off

@@ -29,9 +29,7 @@ def build_prompt(class_name: str, skeleton: str) -> str:
     )
 
 
-def load_classeval(
-    *, path: str | Path | None = None, limit: int | None = None, offset: int = 0
-) -> list[BenchSample]:
+def load_classeval(*, path: str | Path | None = None, limit: int | None = None, offset: int = 0) -> list[BenchSample]:
     """Load ClassEval tasks; the reference carries the unittest code and its test classes."""
     source = require_file(Path(path) if path else default_path(), what="ClassEval data", option="path=")
     with open(source, encoding="utf-8") as handle:

@@ -71,8 +71,10 @@ class _Search:
                 return None
         if len(nums) == 1:
             found = value == self.target
-            verdict = f"Evaluate {value} == {self.target}, target found!" if found else (
-                f"Evaluate {value} != {self.target}, drop this branch."
+            verdict = (
+                f"Evaluate {value} == {self.target}, target found!"
+                if found
+                else (f"Evaluate {value} != {self.target}, drop this branch.")
             )
             self.log.append(f"\n{_indent(depth)}Try {equation}. {verdict}")
             return [] if found else None
@@ -84,14 +86,20 @@ class _Search:
             self.log.append(f" Current number set: {nums}, target: {self.target}, just two numbers left.")
         else:
             if equation is None:
-                self.log.append(f"Initial number set: {nums}, target: {self.target}. Options for choosing two numbers: {options}.")
+                self.log.append(
+                    f"Initial number set: {nums}, target: {self.target}. Options for choosing two numbers: {options}."
+                )
             else:
-                self.log.append(f" Current number set: {nums}, target: {self.target}. Options for choosing two numbers: {options}.")
+                self.log.append(
+                    f" Current number set: {nums}, target: {self.target}. Options for choosing two numbers: {options}."
+                )
             depth += 1
 
         for a, b, rest in _pairs(nums):
             if len(nums) > 2:
-                self.log.append(f"\n{_indent(depth)}Pick two numbers ({a}, {b}) (numbers left: {rest}). Try possible operations.")
+                self.log.append(
+                    f"\n{_indent(depth)}Pick two numbers ({a}, {b}) (numbers left: {rest}). Try possible operations."
+                )
             big, small = (a, b) if a >= b else (b, a)
             for child_eq, child_value, invalid_op in self._operations(big, small):
                 path = self.expand([child_value] + rest, depth + 1, child_eq, invalid_op)

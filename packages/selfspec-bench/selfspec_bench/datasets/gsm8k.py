@@ -16,7 +16,7 @@ TASK_DIR = "gsm8k/gold_bpb_5shot"
 
 INSTRUCTION = (
     "Solve the following math word problem. Reason step by step, then give the final "
-    "numerical answer on the last line in the form \"#### <answer>\"."
+    'numerical answer on the last line in the form "#### <answer>".'
 )
 
 
@@ -35,9 +35,7 @@ def gold_answer(doc: dict) -> str:
     return str(doc["answer"]).rsplit("####", 1)[-1].strip()
 
 
-def load_gsm8k(
-    *, path: str | Path | None = None, limit: int | None = None, offset: int = 0
-) -> list[BenchSample]:
+def load_gsm8k(*, path: str | Path | None = None, limit: int | None = None, offset: int = 0) -> list[BenchSample]:
     docs = read_docs(Path(path) if path else default_path(), what="GSM8K data")
     return [
         BenchSample(

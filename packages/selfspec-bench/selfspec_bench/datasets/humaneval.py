@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .jsonl import read_jsonl
+from ..jsonl import read_jsonl
 from .paths import package_dir, require_file
 from .sample import BenchSample, apply_window, user_message
 
@@ -38,9 +38,7 @@ def build_prompt(function_prompt: str) -> str:
     return f"{INSTRUCTION}\n\n```python\n{function_prompt.rstrip()}\n```"
 
 
-def load_humaneval(
-    *, path: str | Path | None = None, limit: int | None = None, offset: int = 0
-) -> list[BenchSample]:
+def load_humaneval(*, path: str | Path | None = None, limit: int | None = None, offset: int = 0) -> list[BenchSample]:
     """Load HumanEval problems (fields: task_id, prompt, entry_point, canonical_solution, test)."""
     source = require_file(Path(path) if path else default_path(), what="HumanEval data", option="path=")
     rows = apply_window(read_jsonl(source), limit, offset)

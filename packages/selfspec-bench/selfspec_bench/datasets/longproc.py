@@ -38,8 +38,12 @@ def default_data_dir() -> Path:
 def _countdown(item: dict, task_dir: Path) -> tuple[dict, dict]:
     solution, trace = solve_with_trace(list(item["nums"]), int(item["target"]))
     fields = {"nums": item["nums"], "target": item["target"]}
-    reference = {"nums": list(item["nums"]), "target": int(item["target"]), "solution": solution,
-                 "reference_output": trace}
+    reference = {
+        "nums": list(item["nums"]),
+        "target": int(item["target"]),
+        "solution": solution,
+        "reference_output": trace,
+    }
     return fields, reference
 
 
@@ -96,8 +100,9 @@ _BUILDERS: dict[str, Builder] = {
 
 def load_prompt_template(task: str, prompts_path: Path) -> str:
     """``USER_PROMPT`` from ``prompts.yaml``, with Countdown's examples already filled in."""
-    with open(require_file(prompts_path, what=f"LongProc {task} prompts.yaml", option="data_dir= or path="),
-              encoding="utf-8") as handle:
+    with open(
+        require_file(prompts_path, what=f"LongProc {task} prompts.yaml", option="data_dir= or path="), encoding="utf-8"
+    ) as handle:
         template = yaml.safe_load(handle)["USER_PROMPT"]
     if task == "countdown":
         # Fill the example slot now, keep the per-item slots, as upstream does.
@@ -129,10 +134,14 @@ def load_longproc_task(
     if path is not None:
         items_file = require_file(Path(path), what=f"LongProc {task} items", option="path=")
     else:
-        root = require_dir(Path(data_dir) if data_dir else default_data_dir(), what="LongProc data directory",
-                           option="data_dir=")
-        items_file = require_file(root / task / f"{task}_{length}.json", what=f"LongProc {task} ({length}) items",
-                                  option="data_dir= / length=")
+        root = require_dir(
+            Path(data_dir) if data_dir else default_data_dir(), what="LongProc data directory", option="data_dir="
+        )
+        items_file = require_file(
+            root / task / f"{task}_{length}.json",
+            what=f"LongProc {task} ({length}) items",
+            option="data_dir= / length=",
+        )
     task_dir = items_file.parent
     template = load_prompt_template(task, task_dir / "prompts.yaml")
     with open(items_file, encoding="utf-8") as handle:

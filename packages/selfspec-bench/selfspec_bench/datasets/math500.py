@@ -33,9 +33,7 @@ def gold_answer(doc: dict) -> str:
     return boxed if boxed is not None else str(doc.get("answer", ""))
 
 
-def load_math500(
-    *, path: str | Path | None = None, limit: int | None = None, offset: int = 0
-) -> list[BenchSample]:
+def load_math500(*, path: str | Path | None = None, limit: int | None = None, offset: int = 0) -> list[BenchSample]:
     docs = read_docs(Path(path) if path else default_path(), what="MATH-500 data")
     return [
         BenchSample(

@@ -42,9 +42,7 @@ def build_prompt(text: str, tests: list[str]) -> str:
     )
 
 
-def load_mbpp(
-    *, path: str | Path | None = None, limit: int | None = None, offset: int = 0
-) -> list[BenchSample]:
+def load_mbpp(*, path: str | Path | None = None, limit: int | None = None, offset: int = 0) -> list[BenchSample]:
     docs = read_docs(Path(path) if path else default_path(), what="MBPP data")
     samples = []
     for index, doc in apply_window(list(enumerate(docs)), limit, offset):

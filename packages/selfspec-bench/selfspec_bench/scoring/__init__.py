@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..datasets.sample import BenchSample
+from ..plugins import PLUGIN_SCORERS, load_plugins
 from .classeval import score_classeval
 from .gsm8k import score_gsm8k
 from .humaneval import score_humaneval
@@ -17,7 +18,6 @@ from .longproc import LONGPROC_SCORERS
 from .math500 import score_math500
 from .mbpp import score_mbpp
 from .result import ScoreResult
-from ..plugins import PLUGIN_SCORERS, load_plugins
 
 Scorer = Callable[..., ScoreResult]
 

@@ -12,10 +12,10 @@ import re
 
 from ..datasets.sample import BenchSample
 from .extract import pick_code
+from .harness import LAUNCHER_FILE, new_result_file, read_report, unittest_launcher, write_candidate
 from .humaneval import PYTHON_FENCES
 from .result import ScoreResult
 from .sandbox import run_python_file, scratch_dir
-from .harness import LAUNCHER_FILE, new_result_file, read_report, unittest_launcher, write_candidate
 
 
 def score_classeval(sample: BenchSample, completion_text: str, *, timeout_s: float = 10.0) -> ScoreResult:
@@ -35,9 +35,8 @@ def score_classeval(sample: BenchSample, completion_text: str, *, timeout_s: flo
     failed = sum(entry["failed"] for entry in report.values())
     classes_passed = sum(1 for entry in report.values() if entry["run"] > 0 and entry["failed"] == 0)
     failing = [name for name, entry in report.items() if entry["run"] == 0 or entry["failed"] > 0]
-    detail = (
-        f"{total - failed}/{total} test methods, {classes_passed}/{len(class_names)} test classes passed"
-        + (f"; failing: {', '.join(failing)}" if failing else "")
+    detail = f"{total - failed}/{total} test methods, {classes_passed}/{len(class_names)} test classes passed" + (
+        f"; failing: {', '.join(failing)}" if failing else ""
     )
     passed = total > 0 and failed == 0 and classes_passed == len(class_names)
     return ScoreResult(passed, (total - failed) / total if total else 0.0, detail)

@@ -35,7 +35,7 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
         tail_start = match.end()
     tail = _OPEN_FENCE.search(text, tail_start)
     if tail is not None:
-        blocks.append((tail.group(1).lower(), text[tail.end():]))
+        blocks.append((tail.group(1).lower(), text[tail.end() :]))
     return blocks
 
 
@@ -65,8 +65,8 @@ def last_tagged(text: str, tag: str) -> str | None:
     if end >= 0:
         start = text.rfind(open_tag, 0, end)
         if start >= 0:
-            return text[start + len(open_tag):end]
+            return text[start + len(open_tag) : end]
     start = text.rfind(open_tag)
     if start >= 0 and text.find(close_tag, start) < 0:
-        return text[start + len(open_tag):]
+        return text[start + len(open_tag) :]
     return None

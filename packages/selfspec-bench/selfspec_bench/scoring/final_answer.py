@@ -43,7 +43,7 @@ def final_answer(text: str, *, prefer_boxed: bool = False) -> tuple[str | None, 
         return boxed.strip(), "boxed"
     markers = list(_ANSWER_MARKER.finditer(text))
     if markers:
-        phrase = text[markers[-1].end():].split("\n", 1)[0]
+        phrase = text[markers[-1].end() :].split("\n", 1)[0]
         if phrase.strip():
             return _phrase_answer(phrase), "answer phrase"
     number = last_number(text)

@@ -21,7 +21,7 @@ from typing import Any
 CANDIDATE_FILE = "candidate.py"
 LAUNCHER_FILE = "launcher.py"
 
-_PRELUDE = '''
+_PRELUDE = """
 import io, json, runpy, signal, sys, unittest
 
 class _UnitTimeout(Exception):
@@ -33,9 +33,9 @@ def _alarm(signum, frame):
 signal.signal(signal.SIGALRM, _alarm)
 sys.path.insert(0, ".")
 namespace = runpy.run_path({candidate!r}, run_name="selfspec_candidate")
-'''
+"""
 
-_UNITTEST_BODY = '''
+_UNITTEST_BODY = """
 results = {{}}
 for name in {names!r}:
     case = namespace.get(name)
@@ -55,9 +55,9 @@ for name in {names!r}:
         signal.setitimer(signal.ITIMER_REAL, 0)
 with open({result_file!r}, "w") as handle:
     json.dump(results, handle)
-'''
+"""
 
-_ASSERT_BODY = '''
+_ASSERT_BODY = """
 results = []
 for source in {tests!r}:
     signal.setitimer(signal.ITIMER_REAL, {unit_timeout_s!r})
@@ -72,7 +72,7 @@ for source in {tests!r}:
         signal.setitimer(signal.ITIMER_REAL, 0)
 with open({result_file!r}, "w") as handle:
     json.dump(results, handle)
-'''
+"""
 
 
 def plain_launcher() -> str:

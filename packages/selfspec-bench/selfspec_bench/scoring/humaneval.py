@@ -14,8 +14,8 @@ import textwrap
 
 from ..datasets.sample import BenchSample
 from .extract import pick_code
-from .result import ScoreResult, binary
 from .harness import LAUNCHER_FILE, plain_launcher, write_candidate
+from .result import ScoreResult, binary
 from .sandbox import run_python_file, scratch_dir
 
 PYTHON_FENCES = ("python", "py", "python3", "")

@@ -65,7 +65,7 @@ def _unwrap_command(text: str, command: str) -> str:
                     break
         if end is None:
             return text
-        text = text[:start] + text[start + len(needle):end] + text[end + 1:]
+        text = text[:start] + text[start + len(needle) : end] + text[end + 1 :]
 
 
 def _brace_short_arguments(text: str) -> str:

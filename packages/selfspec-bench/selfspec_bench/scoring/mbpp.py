@@ -11,10 +11,10 @@ import re
 
 from ..datasets.sample import BenchSample
 from .extract import pick_code
+from .harness import LAUNCHER_FILE, assert_launcher, new_result_file, read_report, write_candidate
 from .humaneval import PYTHON_FENCES
 from .result import ScoreResult
 from .sandbox import run_python_file, scratch_dir
-from .harness import LAUNCHER_FILE, assert_launcher, new_result_file, read_report, write_candidate
 
 
 def score_mbpp(sample: BenchSample, completion_text: str, *, timeout_s: float = 10.0) -> ScoreResult:

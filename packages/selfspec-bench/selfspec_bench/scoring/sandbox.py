@@ -66,14 +66,16 @@ def _limited(argv: list[str], limit_memory: bool) -> list[str]:
 
 def _child_env(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TMPDIR": str(workdir),
-    })
+    env.update(
+        {
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "TMPDIR": str(workdir),
+        }
+    )
     env.pop("PYTHONSTARTUP", None)
     return env
 

@@ -16,5 +16,11 @@ LONGPROC_SCORERS = {
     "tom_tracking": score_tom_tracking,
 }
 
-__all__ = ["LONGPROC_SCORERS", "score_countdown", "score_html_to_tsv", "score_path_traversal",
-           "score_pseudo_to_code", "score_tom_tracking"]
+__all__ = [
+    "LONGPROC_SCORERS",
+    "score_countdown",
+    "score_html_to_tsv",
+    "score_path_traversal",
+    "score_pseudo_to_code",
+    "score_tom_tracking",
+]

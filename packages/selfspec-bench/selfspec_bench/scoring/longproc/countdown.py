@@ -18,8 +18,19 @@ from ...datasets.sample import BenchSample
 from ..extract import last_tagged, strip_reasoning
 from ..result import ScoreResult, binary
 
-_OPERATORS = {"+": "+", "-": "-", "−": "-", "–": "-", "*": "*", "×": "*", "x": "*", "\\times": "*", "/": "/",
-              "÷": "/", "\\div": "/"}
+_OPERATORS = {
+    "+": "+",
+    "-": "-",
+    "−": "-",
+    "–": "-",
+    "*": "*",
+    "×": "*",
+    "x": "*",
+    "\\times": "*",
+    "/": "/",
+    "÷": "/",
+    "\\div": "/",
+}
 _NUM = r"-?\d+(?:\.\d+)?"
 _EQUATION = re.compile(
     rf"^\s*(?:[-*•]\s+|\d+[.)]\s+|step\s*\d+\s*:\s*)?[`$]*\s*({_NUM})\s*(\\times|\\div|[-+*/×x÷−–])\s*({_NUM})\s*=\s*({_NUM})\s*[`$.]*\s*$",
@@ -76,7 +87,7 @@ def score_countdown(sample: BenchSample, completion_text: str, *, timeout_s: flo
     if block is not None:
         equations = parse_equations(block)
     else:
-        equations = parse_equations(answer)[-(len(nums) - 1):]
+        equations = parse_equations(answer)[-(len(nums) - 1) :]
     valid, reason = check_solution(nums, target, equations)
     source = "<Solution> block" if block is not None else "untagged equations"
     return binary(valid, f"{reason} ({source})")

@@ -28,7 +28,9 @@ def normalize_cell(cell: str) -> str:
 
 
 def parse_rows(table: str) -> list[tuple[str, ...]]:
-    return [tuple(normalize_cell(cell) for cell in line.split("\t")) for line in table.strip().splitlines() if line.strip()]
+    return [
+        tuple(normalize_cell(cell) for cell in line.split("\t")) for line in table.strip().splitlines() if line.strip()
+    ]
 
 
 def extract_table(reply: str) -> str:

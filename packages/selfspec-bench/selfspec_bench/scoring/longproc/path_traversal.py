@@ -68,8 +68,10 @@ def score_path_traversal(sample: BenchSample, completion_text: str, *, timeout_s
         prefix += 1
     exact = hops == gold and bool(gold)
     edges = graph_edges(ref)
-    validity = "graph unavailable" if edges is None else (
-        "valid route" if route_is_valid(hops, ref["src_city"], ref["dst_city"], edges) else "invalid route"
+    validity = (
+        "graph unavailable"
+        if edges is None
+        else ("valid route" if route_is_valid(hops, ref["src_city"], ref["dst_city"], edges) else "invalid route")
     )
     source = "<Route> block" if block is not None else "untagged reply"
     detail = f"{'exact' if exact else 'not exact'}: {prefix}/{len(gold)} gold hops matched, {len(hops)} given; {validity} ({source})"

@@ -63,19 +63,25 @@ def score_pseudo_to_code(
     testcases = sample.reference["testcases"][:max_testcases]
     with scratch_dir() as workdir:
         (workdir / "main.cpp").write_text(INCLUDE_HEADER + code, encoding="utf-8")
-        build = run_process([gxx, "-std=c++11", "-O", "-o", "main", "main.cpp"], cwd=workdir,
-                            timeout_s=max(3 * timeout_s, 30.0), limit_memory=False)
+        build = run_process(
+            [gxx, "-std=c++11", "-O", "-o", "main", "main.cpp"],
+            cwd=workdir,
+            timeout_s=max(3 * timeout_s, 30.0),
+            limit_memory=False,
+        )
         if not build.ok:
             return ScoreResult(False, 0.0, f"compilation failed: {build.describe()}")
         failures: list[str] = []
         for index, (inputs, outputs) in enumerate(testcases):
-            run = run_process([str(workdir / "main")], cwd=workdir, timeout_s=timeout_s,
-                              stdin_text="\n".join(inputs) + "\n")
+            run = run_process(
+                [str(workdir / "main")], cwd=workdir, timeout_s=timeout_s, stdin_text="\n".join(inputs) + "\n"
+            )
             if not run.ok:
                 failures.append(f"#{index}: {run.describe()}")
             elif _lines(run.stdout) != _lines("\n".join(outputs)):
                 failures.append(f"#{index}: wrong output")
     passed = len(testcases) - len(failures)
     detail = f"{passed}/{len(testcases)} test cases passed" + (f" ({'; '.join(failures[:3])})" if failures else "")
-    return ScoreResult(passed=bool(testcases) and not failures, score=passed / len(testcases) if testcases else 0.0,
-                       detail=detail)
+    return ScoreResult(
+        passed=bool(testcases) and not failures, score=passed / len(testcases) if testcases else 0.0, detail=detail
+    )

@@ -16,9 +16,7 @@ from ...datasets.sample import BenchSample
 from ..extract import strip_reasoning
 from ..result import ScoreResult
 
-_FILLER = re.compile(
-    r"\b(a|an|the|on|in|at|step|thinks|think|believes|believe|is|are|of|location|know|knows|belief)\b"
-)
+_FILLER = re.compile(r"\b(a|an|the|on|in|at|step|thinks|think|believes|believe|is|are|of|location|know|knows|belief)\b")
 _STEP = re.compile(r"^\s*(?:[-*•]\s*)?\**\s*Step\s+(\d+)\s*\**\s*:(.*)$", re.IGNORECASE)
 _FINAL = re.compile(r"Final Answer\s*\**\s*:\s*\**\s*(.+)", re.IGNORECASE)
 
@@ -33,7 +31,7 @@ def parse_steps(text: str) -> dict[int, str]:
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if (m := _STEP.match(line)) and int(m.group(1)) == 0]
     if starts:
-        lines = lines[starts[-1]:]
+        lines = lines[starts[-1] :]
     steps: dict[int, str] = {}
     for line in lines:
         match = _STEP.match(line)
