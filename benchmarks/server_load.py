@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 PROMPTS = [
     "What is the capital of France?",
@@ -45,6 +47,7 @@ PROMPTS = [
     "Why is the sky blue? Answer briefly.",
 ]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+DISCONNECTED = {"reason": "client disconnected"}  # the label of requests aborted because their client hung up
 
 
 @dataclass
@@ -76,18 +79,22 @@ class Report:
     wall_s: float = 0.0
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+def p50_p99(values: list[float]) -> tuple[float, float]:
+    """The 50th and 99th percentiles, each an observed value (nearest rank); NaN when nothing completed."""
+    if not values:
+        return math.nan, math.nan
+    p50, p99 = np.percentile(values, [50, 99], method="nearest")
+    return float(p50), float(p99)
 
 
-def metric(text: str, name: str, labels: str = "") -> float:
-    pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.e+-]+)"
-    match = re.search(pattern, text, re.M)
-    return float(match.group(1)) if match else 0.0
+def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of sample `name` with exactly `labels` in a /metrics page (Prometheus text format); 0 if absent."""
+    wanted = labels or {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == wanted:
+                return float(sample.value)
+    return 0.0
 
 
 def body(model: str, prompt: str, max_tokens: int, *, stream: bool, **extra) -> dict:
@@ -113,9 +120,21 @@ def free_port() -> int:
 def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     command = [
-        sys.executable, "-m", "selfspec.server", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
-        "--num-slots", str(args.num_slots), "--max-queue", str(max(64, args.clients + args.disconnects)),
-        "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "selfspec.server",
+        "--model",
+        args.model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-slots",
+        str(args.num_slots),
+        "--max-queue",
+        str(max(64, args.clients + args.disconnects)),
+        "--log-level",
+        "warning",
     ]
     if args.max_len:
         command += ["--max-len", str(args.max_len)]
@@ -145,8 +164,16 @@ def stop_server(process: subprocess.Popen) -> None:
 
 
 # ---------------------------------------------------------------------- clients
-async def stream_one(http: httpx.AsyncClient, url: str, payload: dict, result: StreamResult, *, hang_up_after: int | None = None,
-                     holding: asyncio.Event | None = None, release: asyncio.Event | None = None) -> StreamResult:
+async def stream_one(
+    http: httpx.AsyncClient,
+    url: str,
+    payload: dict,
+    result: StreamResult,
+    *,
+    hang_up_after: int | None = None,
+    holding: asyncio.Event | None = None,
+    release: asyncio.Event | None = None,
+) -> StreamResult:
     """One streamed chat completion; with `hang_up_after`, close the connection after that many chunks."""
     result.started = time.perf_counter()
     parts: list[str] = []
@@ -186,7 +213,12 @@ async def stream_one(http: httpx.AsyncClient, url: str, payload: dict, result: S
     finally:
         result.ended = time.perf_counter()
         result.text = "".join(parts)
-    result.ok = result.saw_done and result.finish_reason is not None and result.completion_tokens is not None and not result.error
+    result.ok = (
+        result.saw_done
+        and result.finish_reason is not None
+        and result.completion_tokens is not None
+        and not result.error
+    )
     return result
 
 
@@ -194,7 +226,9 @@ async def references(url: str, args) -> list[tuple[str, int]]:
     async with httpx.AsyncClient(timeout=args.request_timeout) as http:
         out = []
         for prompt in PROMPTS:
-            response = await http.post(url + "/v1/chat/completions", json=body(args.served_name, prompt, args.max_tokens, stream=False))
+            response = await http.post(
+                url + "/v1/chat/completions", json=body(args.served_name, prompt, args.max_tokens, stream=False)
+            )
             response.raise_for_status()
             data = response.json()
             out.append((data["choices"][0]["message"]["content"], data["usage"]["completion_tokens"]))
@@ -225,12 +259,18 @@ async def load_phase(url: str, args) -> Report:
 async def disconnect_phase(url: str, args) -> dict:
     async with httpx.AsyncClient(timeout=args.request_timeout) as http:
         before = (await http.get(url + "/metrics")).text
-        aborted_before = metric(before, "selfspec_requests_aborted_total", 'reason="client disconnected"')
+        aborted_before = metric(before, "selfspec_requests_aborted_total", DISCONNECTED)
         release = asyncio.Event()
         holding = [asyncio.Event() for _ in range(args.disconnects)]
-        payload = body(args.served_name, "Count slowly from one to one thousand.", args.long_tokens, stream=True, ignore_eos=True)
+        payload = body(
+            args.served_name, "Count slowly from one to one thousand.", args.long_tokens, stream=True, ignore_eos=True
+        )
         tasks = [
-            asyncio.create_task(stream_one(http, url, payload, StreamResult(prompt_index=-1), hang_up_after=3, holding=h, release=release))
+            asyncio.create_task(
+                stream_one(
+                    http, url, payload, StreamResult(prompt_index=-1), hang_up_after=3, holding=h, release=release
+                )
+            )
             for h in holding
         ]
         await asyncio.wait_for(asyncio.gather(*(h.wait() for h in holding)), args.request_timeout)
@@ -254,7 +294,7 @@ async def disconnect_phase(url: str, args) -> dict:
         "slots_in_use_while_streaming": metric(during, "selfspec_slots_in_use"),
         "slots_in_use_after": metric(final, "selfspec_slots_in_use"),
         "in_flight_after": metric(final, "selfspec_requests_in_flight"),
-        "aborted_on_disconnect": metric(final, "selfspec_requests_aborted_total", 'reason="client disconnected"') - aborted_before,
+        "aborted_on_disconnect": metric(final, "selfspec_requests_aborted_total", DISCONNECTED) - aborted_before,
         "freed_within_s": freed_after,
     }
 
@@ -264,15 +304,22 @@ def summarize(report: Report, refs: list[tuple[str, int]], args) -> tuple[dict, 
     results = report.results
     lost = [r for r in results if r.error or not r.saw_done]
     truncated = [
-        r for r in results
-        if r not in lost and (r.finish_reason is None or r.completion_tokens is None
-                              or (r.finish_reason == "length" and r.completion_tokens != args.max_tokens))
+        r
+        for r in results
+        if r not in lost
+        and (
+            r.finish_reason is None
+            or r.completion_tokens is None
+            or (r.finish_reason == "length" and r.completion_tokens != args.max_tokens)
+        )
     ]
     complete = [r for r in results if r.ok]
     different = [r for r in complete if (r.text, r.completion_tokens) != refs[r.prompt_index]]
     latencies = [r.latency for r in complete]
     ttfts = [r.ttft for r in complete if r.ttft is not None]
     tokens = sum(r.completion_tokens for r in complete)
+    latency_p50, latency_p99 = p50_p99(latencies)
+    ttft_p50, ttft_p99 = p50_p99(ttfts)
     summary = {
         "requests": len(results),
         "clients": args.clients,
@@ -281,10 +328,10 @@ def summarize(report: Report, refs: list[tuple[str, int]], args) -> tuple[dict, 
         "truncated": len(truncated),
         "different_from_reference": len(different),
         "wall_s": round(report.wall_s, 3),
-        "latency_p50_s": round(percentile(latencies, 50), 4),
-        "latency_p99_s": round(percentile(latencies, 99), 4),
-        "ttft_p50_s": round(percentile(ttfts, 50), 4),
-        "ttft_p99_s": round(percentile(ttfts, 99), 4),
+        "latency_p50_s": round(latency_p50, 4),
+        "latency_p99_s": round(latency_p99, 4),
+        "ttft_p50_s": round(ttft_p50, 4),
+        "ttft_p99_s": round(ttft_p99, 4),
         "completion_tokens": tokens,
         "aggregate_tokens_per_s": round(tokens / report.wall_s, 1) if report.wall_s else 0.0,
         "errors": sorted({r.error for r in lost})[:5],
@@ -333,26 +380,42 @@ def main() -> None:
         and disconnects["aborted_on_disconnect"] == args.disconnects
         and disconnects["finished_normally"] == 0
     )
-    print(f"model: {args.model}   server: {url}   slots: {args.num_slots}   engine steps: {metric(server_metrics, 'selfspec_engine_steps'):.0f}")
-    print(f"\nload: {load['requests']} streamed requests from {load['clients']} concurrent clients, max_tokens={args.max_tokens}")
-    print(f"  complete {load['complete']}   lost {load['lost']}   truncated {load['truncated']}   "
-          f"different from reference {load['different_from_reference']}")
+    print(
+        f"model: {args.model}   server: {url}   slots: {args.num_slots}   engine steps: {metric(server_metrics, 'selfspec_engine_steps'):.0f}"
+    )
+    print(
+        f"\nload: {load['requests']} streamed requests from {load['clients']} concurrent clients, max_tokens={args.max_tokens}"
+    )
+    print(
+        f"  complete {load['complete']}   lost {load['lost']}   truncated {load['truncated']}   "
+        f"different from reference {load['different_from_reference']}"
+    )
     print(f"  latency p50 {load['latency_p50_s']:.3f} s   p99 {load['latency_p99_s']:.3f} s")
     print(f"  TTFT    p50 {load['ttft_p50_s']:.3f} s   p99 {load['ttft_p99_s']:.3f} s")
-    print(f"  {load['completion_tokens']} tokens in {load['wall_s']:.2f} s = {load['aggregate_tokens_per_s']:.1f} tokens/s aggregate")
+    print(
+        f"  {load['completion_tokens']} tokens in {load['wall_s']:.2f} s = {load['aggregate_tokens_per_s']:.1f} tokens/s aggregate"
+    )
     if load["errors"]:
         print(f"  errors: {load['errors']}")
     if disconnects:
-        print(f"\ndisconnects: {disconnects['clients']} clients hung up after {min(disconnects['chunks_read'])}+ chunks "
-              f"of a {args.long_tokens}-token stream")
-        print(f"  slots in use while streaming {disconnects['slots_in_use_while_streaming']:.0f} -> after hang-up "
-              f"{disconnects['slots_in_use_after']:.0f} (freed within {disconnects['freed_within_s'] or float('nan'):.3f} s); "
-              f"aborted on disconnect: {disconnects['aborted_on_disconnect']:.0f}; finished normally: {disconnects['finished_normally']}")
+        print(
+            f"\ndisconnects: {disconnects['clients']} clients hung up after {min(disconnects['chunks_read'])}+ chunks "
+            f"of a {args.long_tokens}-token stream"
+        )
+        print(
+            f"  slots in use while streaming {disconnects['slots_in_use_while_streaming']:.0f} -> after hang-up "
+            f"{disconnects['slots_in_use_after']:.0f} (freed within {disconnects['freed_within_s'] or float('nan'):.3f} s); "
+            f"aborted on disconnect: {disconnects['aborted_on_disconnect']:.0f}; finished normally: {disconnects['finished_normally']}"
+        )
     verdict = "PASS" if load_ok and disconnect_ok else "FAIL"
     print(f"\n{verdict}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "load": load, "disconnects": disconnects, "passed": verdict == "PASS"}, f, indent=2)
+            json.dump(
+                {"model": args.model, "load": load, "disconnects": disconnects, "passed": verdict == "PASS"},
+                f,
+                indent=2,
+            )
     sys.exit(0 if verdict == "PASS" else 1)
 
 

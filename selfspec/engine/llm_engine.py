@@ -388,12 +388,19 @@ class Engine:
         return appended
 
     def _hits_stop_string(self, seq: Sequence) -> bool:
+        """Whether the output's visible text now holds a stop string.
+
+        One text, one rule: stop strings match the text a client is shown — decoded with special
+        tokens hidden, as `LLM.result` and the server decode it — so a stop string that spans a
+        hidden token still stops generation, and a special token's own text never does.
+        """
         if self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         longest = max(len(s) for s in seq.params.stop)
-        # A token decodes to >= 1 char in practice; a window of longest+8 tokens covers a stop string.
-        window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - longest - 8) :]
-        text = self.tokenizer.decode(window, skip_special_tokens=False)
+        # A visible token decodes to >= 1 char in practice; hidden ones to none, so the window is
+        # twice the longest stop string plus slack for a few hidden tokens inside it.
+        window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - 2 * longest - 16) :]
+        text = self.tokenizer.decode(window, skip_special_tokens=True)
         return any(s in text for s in seq.params.stop)
 
 

@@ -23,8 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from selfspec.server.config import ServerConfig
 from selfspec.server.engine_loop import EngineLoop, Failed, LoopHooks
@@ -39,6 +40,12 @@ from selfspec.server.session import ClientDisconnected, RequestSession, RequestT
 log = logging.getLogger("selfspec.server")
 
 _ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_OPEN_PATHS = frozenset({"/health"})  # the only route served without the API key (load balancers probe it)
+_JSON_TYPES = ("application/json",)
+
+
+class _BodyAbandoned(Exception):
+    """The client hung up before its request body arrived: nothing to answer, nothing to log at length."""
 
 
 class ServerState:
@@ -73,6 +80,18 @@ class ServerState:
             raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
 
+    def check_content_type(self, request: Request) -> None:
+        """POST bodies must say they are JSON. A browser page may send "simple" cross-site POSTs
+        (form or text/plain bodies) to a local server without a preflight; refusing every other
+        content type keeps such pages from driving an unauthenticated server."""
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type not in _JSON_TYPES:
+            raise APIError(
+                415,
+                f"the body must be JSON: send Content-Type: application/json (got {media_type or 'none'!r})",
+                code="unsupported_media_type",
+            )
+
     def check_model(self, name: str) -> str:
         if name not in self.config.served_model_names:
             raise APIError(
@@ -88,13 +107,17 @@ class ServerState:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
+        self.check_content_type(request)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise _BodyAbandoned() from None
         raw = b"".join(chunks)
         if not raw.strip():
             raise APIError(400, "the body is empty; send a JSON object", code="invalid_json")
@@ -272,6 +295,24 @@ class _StatusRecorder:
         await self.app(scope, receive, send_and_count)
 
 
+class _ApiKeyGuard:
+    """With an API key set, every route but `/health` needs it — the OpenAPI schema and `/docs`
+    too, which describe the server to whoever can reach it."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.state.config.api_key is not None and scope["path"] not in _OPEN_PATHS:
+            try:
+                self.state.authorize(Request(scope))
+            except APIError as error:
+                await _error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
@@ -291,7 +332,14 @@ def create_app(llm: Any, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="selfspec", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.selfspec = state
+    app.add_middleware(_ApiKeyGuard, state=state)
     app.add_middleware(_StatusRecorder, metrics=state.metrics)
+
+    @app.exception_handler(_BodyAbandoned)
+    async def _body_abandoned(request: Request, exc: _BodyAbandoned) -> Response:
+        state.metrics.body_disconnects.inc()
+        log.info("client hung up before its body arrived on %s", request.url.path)
+        return Response(status_code=400)  # nobody reads it; keeps the status recorder's count honest
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -312,32 +360,30 @@ def create_app(llm: Any, config: ServerConfig | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        state.authorize(request)
         body = await state.read_body(request, ChatCompletionRequest)
         return await state.generate(request, body, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        state.authorize(request)
         body = await state.read_body(request, CompletionRequest)
         return await state.generate(request, body, chat=False)
 
+    def model_card(name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "selfspec",
+            "max_model_len": state.llm.engine.max_len,
+        }
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        state.authorize(request)
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "selfspec",
-                    "max_model_len": state.llm.engine.max_len,
-                }
-                for name in config.served_model_names
-            ],
-        }
+        return {"object": "list", "data": [model_card(name) for name in config.served_model_names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        return model_card(state.check_model(model_id))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -86,6 +86,15 @@ def attach_cospec(llm: Any, defaults: "RequestDefaults", arbitrator: Path, thres
     defaults.cospec = CoSpecDefaults(arbitrator=loaded, threshold=threshold, num_speculative_tokens=num_tokens)
 
 
+def default_served_name(model: str) -> str:
+    """What clients pass as `model` when no --served-model-name is given: a packaged name as is,
+    a path by its last component (a local path tells a client nothing and leaks the layout)."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        return path.stem
+    return path.name if len(path.parts) > 1 or model.startswith((".", "~", "/")) else model
+
+
 def build_defaults(
     *,
     ssr: bool = False,
@@ -105,6 +114,7 @@ def build_defaults(
     from pydantic import ValidationError
 
     from selfspec.config import parse_baseline_spec
+    from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
     from selfspec.thinking.policy import ThinkingLimits
     from selfspec.server.config import RequestDefaults
     from selfspec.spec.ssr import SSRConfig
@@ -132,8 +142,10 @@ def build_defaults(
         except ValidationError as exc:
             raise ValueError(f"invalid SSR flags: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
     ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap, fixed_length=fixed_length).validate()
-    if temperature < 0:
-        raise ValueError("--temperature must be >= 0")
+    try:  # the same rule a request's own temperature meets, so a default never fails a request later
+        SamplingParams(temperature=temperature).validate()
+    except InvalidSamplingParams as exc:
+        raise ValueError(f"--temperature {temperature}: {exc}") from None
     return RequestDefaults(
         ssr=ssr_config,
         speculation=parse_baseline_spec({"method": speculation}) if speculation else None,
@@ -227,7 +239,7 @@ def serve_command(
         )
         check_cospec_flags(arbitrator, cospec_threshold, cospec_k)
         config = ServerConfig(
-            served_model_names=list(served_model_name or [model]),
+            served_model_names=list(served_model_name or [default_served_name(model)]),
             max_queue=max_queue,
             request_timeout_s=request_timeout,
             api_key=api_key,

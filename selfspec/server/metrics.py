@@ -35,6 +35,9 @@ class ServerMetrics:
             "selfspec_requests_aborted", "Requests cancelled before they finished, by reason.", ["reason"], registry=r
         )
         self.rejected = Counter("selfspec_requests_rejected_queue_full", "Requests refused with 429 (queue full).", registry=r)
+        self.body_disconnects = Counter(
+            "selfspec_client_disconnects_during_body", "Clients that hung up before their request body arrived.", registry=r
+        )
         self.prompt_tokens = Counter("selfspec_prompt_tokens", "Prompt tokens of completed requests.", registry=r)
         self.generation_tokens = Counter("selfspec_generation_tokens", "Generated tokens of completed requests.", registry=r)
         self.reasoning_tokens = Counter("selfspec_reasoning_tokens", "Chain-of-thought tokens of completed requests.", registry=r)

@@ -2,8 +2,8 @@
 
 A run is one model x benchmark x settings; every figure about it pairs a mode's record with the
 plain-greedy baseline of the same sample in the same run. `report.py` presents these groups,
-`run_checks.py` checks that their pairs compare like with like, `ablation.py` reads them for
-the reuse ablation; this module is what all three share.
+`run_checks.py` checks that their pairs compare like with like, `paper.py` and `ablation.py`
+set them beside the paper's numbers; this module is what they all share.
 """
 
 from __future__ import annotations
