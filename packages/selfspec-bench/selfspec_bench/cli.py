@@ -356,13 +356,11 @@ def _print_exactness(bad: list[tuple[str, str]], budget: int | None) -> None:
 @bench_app.command()
 def report(
     inputs: list[str] = typer.Argument(..., help="JSONL files written by `selfspec bench`."),
-    out_dir: str = typer.Option("benchmarks/results/report", help="Where report.md and the PNG plots go."),
+    out_dir: str = typer.Option("selfspec-report", help="Where report.md and the PNG plots go (committed reports: benchmarks/<topic>/)."),
 ) -> None:
     """Markdown tables per model x benchmark and PNG plots from bench records."""
-    from selfspec_bench.report import (
-        ReportError,
-        build_report,
-    )  # matplotlib and scipy: ~2 s `selfspec bench` need not pay
+    # Imported here, not at the top: report pulls in matplotlib and scipy (~2 s) that `selfspec bench` need not pay.
+    from selfspec_bench.report import ReportError, build_report
 
     try:
         path = build_report([Path(p) for p in inputs], Path(out_dir))
