@@ -82,8 +82,15 @@ class LLM:
     ) -> None:
         loaded = load_model(model, device=device, dtype=dtype, cache_dir=cache_dir, tokenizer=tokenizer)
         self._from_loaded(
-            loaded, engine_config, thinking_format, think_start, think_end, draft,
-            device=device, dtype=dtype, cache_dir=cache_dir,
+            loaded,
+            engine_config,
+            thinking_format,
+            think_start,
+            think_end,
+            draft,
+            device=device,
+            dtype=dtype,
+            cache_dir=cache_dir,
         )
 
     @classmethod
@@ -101,7 +108,9 @@ class LLM:
         fits `max_len` to its longest prompt — without loading the weights twice.
         """
         self = cls.__new__(cls)
-        self._from_loaded(loaded, engine_config, thinking_format, None, None, draft, device=loaded.device, dtype=loaded.dtype)
+        self._from_loaded(
+            loaded, engine_config, thinking_format, None, None, draft, device=loaded.device, dtype=loaded.dtype
+        )
         return self
 
     def _from_loaded(self, loaded, engine_config, thinking_format, think_start, think_end, draft, **draft_load) -> None:
@@ -142,7 +151,9 @@ class LLM:
         shared weights), "distilled:<dir>" or "layers:N+<dir>" (the same shape with a
         distilled LoRA merged into copies of those layers: `selfspec.spec.distilled_draft`),
         a loaded module, or a model name/path of the same vocabulary."""
-        if isinstance(draft, str) and (draft.startswith("distilled:") or (draft.startswith("layers:") and "+" in draft)):
+        if isinstance(draft, str) and (
+            draft.startswith("distilled:") or (draft.startswith("layers:") and "+" in draft)
+        ):
             module = load_draft_spec(self.model, draft, compile_backend=self.engine.config.compile_backend)
         elif isinstance(draft, str) and draft.startswith("layers:"):
             module = shallow_draft(self.model, int(draft.split(":", 1)[1]))
@@ -153,7 +164,9 @@ class LLM:
         vocab = module.get_output_embeddings().weight.shape[0]
         if vocab != self.engine.vocab_size:
             raise ValueError(f"draft vocabulary ({vocab}) differs from the target's ({self.engine.vocab_size})")
-        self.draft_runner = DraftModelRunner(module, num_slots=self.engine.config.num_slots, max_len=self.engine.max_len)
+        self.draft_runner = DraftModelRunner(
+            module, num_slots=self.engine.config.num_slots, max_len=self.engine.max_len
+        )
         # How the draft was named ("layers:N" or a model): arbitrator checkpoints record and check it.
         self.draft_spec = draft if isinstance(draft, str) else None
 
@@ -329,7 +342,9 @@ class LLM:
         answer_ids = None
         if isinstance(policy, ThinkingPolicy):
             pm = policy.metrics
-            metrics.update(cot_tokens=pm.cot_tokens, answer_tokens=pm.answer_tokens, thinking_closed_by=pm.thinking_closed_by.value)
+            metrics.update(
+                cot_tokens=pm.cot_tokens, answer_tokens=pm.answer_tokens, thinking_closed_by=pm.thinking_closed_by.value
+            )
             metrics.update(policy.report())
             if pm.thinking_end_time is not None:
                 timings.thinking = pm.thinking_end_time - seq.arrival_time

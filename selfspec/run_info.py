@@ -59,8 +59,9 @@ def _nvidia_smi(query: str) -> str | None:
     if executable is None:
         return None
     try:
-        result = subprocess.run([executable, query, "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10, check=True)
+        result = subprocess.run(
+            [executable, query, "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout
@@ -80,6 +81,7 @@ def count_co_tenants(compute_apps_csv: str, gpu_uuid: str) -> int | None:
     The caller holds a context itself, so it is one of the GPU's rows; PIDs are not compared
     because inside a container nvidia-smi may list host PIDs. No row for the GPU at all means
     the listing hides processes (some containers do): unknown, None."""
+
     def normal(uuid: str) -> str:  # nvidia-smi writes GPU-8-4-4-4-12 hex; torch may drop the prefix or hyphens
         return uuid.strip().lower().removeprefix("gpu-").replace("-", "")
 

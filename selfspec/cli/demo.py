@@ -15,9 +15,8 @@ from rich.table import Table
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.ssr import SSRConfig
-
+from selfspec.thinking.policy import ThinkingLimits
 
 DEMO_MODEL = "smollm2-thinker-v4b"
 """The thinker trained with early-answer examples on thinker-data-v3: its drafts from a partial
@@ -48,7 +47,9 @@ def run_demo(
     dtype: str = "float32",
 ) -> None:
     prompt = prompt or default_demo_prompt()
-    console.print(f"[bold]selfspec demo[/]  model={model}  CoT cap {cot_cap}, draft at {draft_budget}, answer cap {answer_cap}")
+    console.print(
+        f"[bold]selfspec demo[/]  model={model}  CoT cap {cot_cap}, draft at {draft_budget}, answer cap {answer_cap}"
+    )
     llm = LLM(model, device=device, dtype=dtype, engine_config=EngineConfig(num_slots=4, max_len=4096))
     fmt = llm.thinking_format
     console.print(f"thinking format: {fmt.kind} ({fmt.start_marker} ... {fmt.end_marker})")
@@ -58,20 +59,30 @@ def run_demo(
     # Warm-up so first-call costs do not land on either side.
     llm.generate(prompt, SamplingParams(max_tokens=8), thinking=True)
     with console.status("baseline (plain greedy)..."):
-        (base,) = llm.generate(prompt, params, limits=ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap), thinking=True)
+        (base,) = llm.generate(
+            prompt, params, limits=ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap), thinking=True
+        )
     with console.status("SSR (draft from the partial CoT, verify, suffix-decode)..."):
         (ssr,) = llm.generate(prompt, params, limits=limits, spec=spec, thinking=True)
 
     console.print(Panel(_clip(prompt, 12), title="prompt", border_style="dim"))
-    console.print(Panel(_clip(base.reasoning_text or "", 12), title="reasoning (baseline, clipped)", border_style="dim"))
+    console.print(
+        Panel(_clip(base.reasoning_text or "", 12), title="reasoning (baseline, clipped)", border_style="dim")
+    )
     console.print(Panel(ssr.answer_text or ssr.text, title="answer (SSR)", border_style="green"))
     same = base.token_ids == ssr.token_ids
     table = Table("", "baseline", "SSR")
     table.add_row("total latency", f"{base.timings.total:.2f} s", f"{ssr.timings.total:.2f} s")
     table.add_row("time to first answer token", _s(base.timings.first_answer_token), _s(ssr.timings.first_answer_token))
     table.add_row("answer phase", _s(base.timings.answer), _s(ssr.timings.answer))
-    table.add_row("finish", f"{base.finish_reason} ({base.finish_detail})", f"{ssr.finish_reason} ({ssr.finish_detail})")
-    table.add_row("CoT / answer tokens", f"{base.metrics['cot_tokens']} / {base.metrics['answer_tokens']}", f"{ssr.metrics['cot_tokens']} / {ssr.metrics['answer_tokens']}")
+    table.add_row(
+        "finish", f"{base.finish_reason} ({base.finish_detail})", f"{ssr.finish_reason} ({ssr.finish_detail})"
+    )
+    table.add_row(
+        "CoT / answer tokens",
+        f"{base.metrics['cot_tokens']} / {base.metrics['answer_tokens']}",
+        f"{ssr.metrics['cot_tokens']} / {ssr.metrics['answer_tokens']}",
+    )
     m = ssr.metrics
     table.add_row("drafts (tokens)", "-", f"{m.get('drafts', 0)} ({m.get('draft_tokens', 0)})")
     table.add_row("accepted prefix", "-", str(m.get("accepted_prefix", 0)))

@@ -29,13 +29,21 @@ def _fail(message: str) -> None:
 
 
 @app.command()
-def models(cache_dir: Optional[str] = typer.Option(None, help="Model cache directory (default ~/.cache/selfspec).")) -> None:
+def models(
+    cache_dir: Optional[str] = typer.Option(None, help="Model cache directory (default ~/.cache/selfspec)."),
+) -> None:
     """List the packaged default models and whether they are installed and converted."""
     from selfspec.models import list_local_models
 
     table = Table("name", "available", "converted", "description", "source")
     for info in list_local_models(cache_dir=cache_dir):
-        table.add_row(info.name, "yes" if info.available else "no", "yes" if info.cached else "no", info.description, str(info.source or ""))
+        table.add_row(
+            info.name,
+            "yes" if info.available else "no",
+            "yes" if info.cached else "no",
+            info.description,
+            str(info.source or ""),
+        )
     console.print(table)
 
 
@@ -63,53 +71,81 @@ def save_tokenizer(
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The user message (wrapped in the model's chat template)."),
-    model: str = typer.Option("smollm2", "--model", "-m", help="Packaged name (smollm2, gemma3-270m), a .gguf file, or a local HF directory."),
+    model: str = typer.Option(
+        "smollm2", "--model", "-m", help="Packaged name (smollm2, gemma3-270m), a .gguf file, or a local HF directory."
+    ),
     max_tokens: int = typer.Option(256, help="Maximum number of generated tokens (thinking + answer)."),
     temperature: float = typer.Option(0.0, help="Sampling temperature; 0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]."),
     top_k: int = typer.Option(0, help="Keep only the k most likely tokens; 0 = off."),
     min_p: float = typer.Option(0.0, help="Drop tokens below min_p x the top probability."),
     seed: Optional[int] = typer.Option(None, help="Per-request random seed for sampling."),
-    think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Let the model think first (default: on for native thinking models, off for others)."),
+    think: Optional[bool] = typer.Option(
+        None,
+        "--think/--no-think",
+        help="Let the model think first (default: on for native thinking models, off for others).",
+    ),
     cot_cap: Optional[int] = typer.Option(None, help="Close thinking by force after this many CoT tokens."),
     answer_cap: Optional[int] = typer.Option(None, help="Stop the answer after this many tokens (continuation cap)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."
+    ),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Print tokens as they are generated."),
-    ssr: bool = typer.Option(False, "--ssr/--no-ssr", help="Self-speculation: draft the answer from the partial CoT and verify it (implies --think)."),
-    draft_budget: list[int] = typer.Option([], help="CoT length(s) at which a draft is forked (repeatable; default 100)."),
+    ssr: bool = typer.Option(
+        False,
+        "--ssr/--no-ssr",
+        help="Self-speculation: draft the answer from the partial CoT and verify it (implies --think).",
+    ),
+    draft_budget: list[int] = typer.Option(
+        [], help="CoT length(s) at which a draft is forked (repeatable; default 100)."
+    ),
     draft_interval: Optional[int] = typer.Option(None, help="Iterative drafting: fork every N CoT tokens."),
     max_draft: int = typer.Option(300, help="Maximum draft length in tokens."),
     reuse: str = typer.Option("prefix+suffix", help="How drafts are used: off | prefix | suffix | prefix+suffix."),
-    speculate_thinking: bool = typer.Option(False, "--speculate-thinking", help="With --ssr: also speculate the CoT and the drafts by suffix decoding over their own context."),
-    suffix_decoding: bool = typer.Option(False, "--suffix-decoding", help="Suffix decoding over prompt + output (no SSR)."),
+    speculate_thinking: bool = typer.Option(
+        False,
+        "--speculate-thinking",
+        help="With --ssr: also speculate the CoT and the drafts by suffix decoding over their own context.",
+    ),
+    suffix_decoding: bool = typer.Option(
+        False, "--suffix-decoding", help="Suffix decoding over prompt + output (no SSR)."
+    ),
     prompt_lookup: bool = typer.Option(False, "--prompt-lookup", help="n-gram prompt lookup (no SSR)."),
 ) -> None:
     """Generate a reply, streaming tokens to the terminal, then print timings (and speculation figures)."""
+    from pydantic import ValidationError
+
     from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
     from selfspec.llm import LLM
     from selfspec.models import ModelNotFoundError
     from selfspec.thinking.policy import ThinkingLimits
 
-    from pydantic import ValidationError
-
     spec = None
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed
+        )
         limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap)
         limits.validate()
         if ssr:
             from selfspec.spec.ssr import SSRConfig
 
             sources = ["draft", "prompt", "output"] if speculate_thinking else ["draft"]
-            spec = SSRConfig(draft_budgets=list(draft_budget) or [100], draft_interval=draft_interval, max_draft_len=max_draft,
-                             reuse=reuse, speculate_thinking=speculate_thinking, suffix_sources=sources)
+            spec = SSRConfig(
+                draft_budgets=list(draft_budget) or [100],
+                draft_interval=draft_interval,
+                max_draft_len=max_draft,
+                reuse=reuse,
+                speculate_thinking=speculate_thinking,
+                suffix_sources=sources,
+            )
             think = True
         elif suffix_decoding or prompt_lookup:
             from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 
-            spec = (PromptLookupConfig() if prompt_lookup else SuffixDecodingConfig())
+            spec = PromptLookupConfig() if prompt_lookup else SuffixDecodingConfig()
     except (InvalidSamplingParams, ValueError, ValidationError) as exc:
         _fail(str(exc))
     try:
@@ -124,7 +160,7 @@ def generate(
             for ids in llm.iter_tokens(seq):
                 all_ids = ids if not all_ids else all_ids + ids
                 text = llm.tokenizer.decode(all_ids, skip_special_tokens=True)
-                sys.stdout.write(text[len(printed):])
+                sys.stdout.write(text[len(printed) :])
                 sys.stdout.flush()
                 printed = text
             sys.stdout.write("\n")
@@ -140,15 +176,40 @@ def generate(
         summary += f", CoT {result.metrics['cot_tokens']} tokens, answer {result.metrics['answer_tokens']} tokens"
     err.print(f"[dim]{summary}[/]")
     if spec is not None:
-        keys = ("drafts", "draft_tokens", "accepted_prefix", "suffix_accepted_tokens", "thinking_verify_steps", "accepted_tokens",
-                "proposed_tokens", "mean_acceptance_length")
-        err.print("[dim]" + ", ".join(f"{k}={result.metrics[k]:.2f}" if isinstance(result.metrics.get(k), float) else f"{k}={result.metrics.get(k)}" for k in keys if k in result.metrics) + "[/]")
+        keys = (
+            "drafts",
+            "draft_tokens",
+            "accepted_prefix",
+            "suffix_accepted_tokens",
+            "thinking_verify_steps",
+            "accepted_tokens",
+            "proposed_tokens",
+            "mean_acceptance_length",
+        )
+        err.print(
+            "[dim]"
+            + ", ".join(
+                f"{k}={result.metrics[k]:.2f}"
+                if isinstance(result.metrics.get(k), float)
+                else f"{k}={result.metrics.get(k)}"
+                for k in keys
+                if k in result.metrics
+            )
+            + "[/]"
+        )
 
 
 @app.command()
 def demo(
-    model: str = typer.Option("smollm2-thinker-v4b", "--model", "-m", help="Model to run the demo on (default: SmolLM2-135M-Instruct + the v4b thinker adapter shipped here)."),
-    prompt: Optional[str] = typer.Option(None, help="The user message (default: a held-out class-synthesis task of the thinker's generator)."),
+    model: str = typer.Option(
+        "smollm2-thinker-v4b",
+        "--model",
+        "-m",
+        help="Model to run the demo on (default: SmolLM2-135M-Instruct + the v4b thinker adapter shipped here).",
+    ),
+    prompt: Optional[str] = typer.Option(
+        None, help="The user message (default: a held-out class-synthesis task of the thinker's generator)."
+    ),
     cot_cap: int = typer.Option(1200, min=1, help="CoT cap."),
     answer_cap: int = typer.Option(600, min=1, help="Continuation cap."),
     draft_budget: int = typer.Option(300, min=1, help="CoT length at which the draft is forked."),
@@ -162,14 +223,41 @@ def demo(
         from selfspec.models import ModelNotFoundError, TokenizerDefectError
 
         try:
-            run_demo(model=model, prompt=prompt, console=console, cot_cap=cot_cap, answer_cap=answer_cap, draft_budget=draft_budget)
+            run_demo(
+                model=model,
+                prompt=prompt,
+                console=console,
+                cot_cap=cot_cap,
+                answer_cap=answer_cap,
+                draft_budget=draft_budget,
+            )
         except (ModelNotFoundError, TokenizerDefectError) as exc:  # a wrong --model: one line, not a traceback
             _fail(str(exc))
         return
-    generate(prompt=prompt or "Write is_prime(n) in Python.", model=model, max_tokens=200, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None,
-             think=None, cot_cap=None, answer_cap=None, device="cpu", dtype="float32", stream=True, ssr=False,
-             draft_budget=[], draft_interval=None, max_draft=300, reuse="prefix+suffix", speculate_thinking=False,
-             suffix_decoding=False, prompt_lookup=False)
+    generate(
+        prompt=prompt or "Write is_prime(n) in Python.",
+        model=model,
+        max_tokens=200,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        seed=None,
+        think=None,
+        cot_cap=None,
+        answer_cap=None,
+        device="cpu",
+        dtype="float32",
+        stream=True,
+        ssr=False,
+        draft_budget=[],
+        draft_interval=None,
+        max_draft=300,
+        reuse="prefix+suffix",
+        speculate_thinking=False,
+        suffix_decoding=False,
+        prompt_lookup=False,
+    )
 
 
 def _register_subcommands() -> None:

@@ -136,7 +136,11 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
             modeling = sys.modules.get(type(module).__module__)
             rotary = getattr(modeling, "apply_rotary_pos_emb", None)
             if rotary is not None and not getattr(rotary, "_selfspec_fused", False):
-                setattr(modeling, "apply_rotary_pos_emb", _dispatch(rotary, torch.compile(rotary, dynamic=True, backend=backend)))
+                setattr(
+                    modeling,
+                    "apply_rotary_pos_emb",
+                    _dispatch(rotary, torch.compile(rotary, dynamic=True, backend=backend)),
+                )
                 wrapped.add(f"{modeling.__name__}.apply_rotary_pos_emb")
     return sorted(wrapped)
 
@@ -170,10 +174,14 @@ def _share_concatenated(owner: torch.nn.Module, name: str, linears: list[torch.n
         start += rows
     owner.register_buffer(f"_fused_{name}_weight", weight, persistent=False)
     if any(lin.bias is not None for lin in linears):
-        bias = torch.cat([
-            lin.bias.detach() if lin.bias is not None else torch.zeros(lin.weight.shape[0], dtype=weight.dtype, device=weight.device)
-            for lin in linears
-        ])
+        bias = torch.cat(
+            [
+                lin.bias.detach()
+                if lin.bias is not None
+                else torch.zeros(lin.weight.shape[0], dtype=weight.dtype, device=weight.device)
+                for lin in linears
+            ]
+        )
         owner.register_buffer(f"_fused_{name}_bias", bias, persistent=False)
     else:
         owner.register_buffer(f"_fused_{name}_bias", None, persistent=False)
@@ -226,4 +234,3 @@ def _fuse_qkv(attn: torch.nn.Module) -> bool:
     projs[1].forward = _dispatch(projs[1].forward, fused_part("k", projs[1]))
     projs[2].forward = _dispatch(projs[2].forward, fused_part("v", projs[2]))
     return True
-

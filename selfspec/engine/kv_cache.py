@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache
+
 from selfspec.engine import slot_attention
 
 
@@ -68,7 +69,9 @@ class SlotKVCache(Cache):
         sliding_window: int | None = None,
     ) -> None:
         types = layer_types or ["full_attention"] * num_layers
-        layers = [_SlotLayer(t == "sliding_attention", sliding_window if t == "sliding_attention" else None) for t in types]
+        layers = [
+            _SlotLayer(t == "sliding_attention", sliding_window if t == "sliding_attention" else None) for t in types
+        ]
         super().__init__(layers=layers)
         self.num_slots = num_slots
         self.max_len = max_len

@@ -158,9 +158,9 @@ class Engine:
             request_id=parent.request_id,
             token_ids=context,
             params=params,
-            generator=None if params.greedy else make_generator(
-                None if params.seed is None else params.seed + 1 + len(parent.children), self.device
-            ),
+            generator=None
+            if params.greedy
+            else make_generator(None if params.seed is None else params.seed + 1 + len(parent.children), self.device),
             policy=policy,
             parent=parent,
             eos_token_ids=parent.eos_token_ids,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
 from selfspec.engine.fusion import fused
-from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.kv_cache import SlotKVCache, model_kv_shape
 from selfspec.engine.static_forward import GraphBuckets, StaticForwardPool
 
@@ -225,7 +225,9 @@ class ModelRunner:
 
     def _group_by_padding(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
         ratio = self.max_padding_ratio
-        return _greedy_groups(chunks, indices, lambda rows, width, real, n: (rows + 1) * width > ratio * (real + n), lambda n: n)
+        return _greedy_groups(
+            chunks, indices, lambda rows, width, real, n: (rows + 1) * width > ratio * (real + n), lambda n: n
+        )
 
     def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
         device = self.device
@@ -257,7 +259,9 @@ class ModelRunner:
         num_logits = max(1, max(c.num_logits for c in chunks))
         return self.call_model(input_ids, attention_mask, positions, num_logits)
 
-    def call_model(self, input_ids: torch.Tensor, attention_mask, positions: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+    def call_model(
+        self, input_ids: torch.Tensor, attention_mask, positions: torch.Tensor, logits_to_keep: int
+    ) -> torch.Tensor:
         """The model over a routed step (the cache's routing is set); clears the routing after."""
         try:
             out = self.model(

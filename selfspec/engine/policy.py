@@ -35,7 +35,8 @@ class Proposal:
 
     `draft_probs` is set only by proposers that *sample* their tokens (a draft model): row i is
     the distribution token i was drawn from, which lossless rejection sampling needs.
-    Deterministic proposers (suffix, n-gram, SSR's draft) leave it None: a one-hot draft.
+    Deterministic proposers (suffix, n-gram; SSR's draft unless it samples with `use_draft_probs`)
+    leave it None: a one-hot draft.
     `source` names what produced the tokens (e.g. SSR's "prefix" or "suffix" stage); the engine
     hands it back in the `StepOutcome`, so the method knows what the verdict is about.
     """

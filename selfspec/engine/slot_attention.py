@@ -45,13 +45,37 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["splits"])
     def _slot_attention_kernel(
-        q_ptr, k_ptr, v_ptr, slots_ptr, pos_ptr, out_ptr, part_ptr,
-        sq_b, sq_t, sq_h, sq_d,
-        sk_s, sk_h, sk_n, sk_d,
-        so_b, so_t, so_h,
-        s_slot, sp_b, sp_t,
-        T, scale, window, keys_per_split, splits,
-        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE: tl.constexpr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        slots_ptr,
+        pos_ptr,
+        out_ptr,
+        part_ptr,
+        sq_b,
+        sq_t,
+        sq_h,
+        sq_d,
+        sk_s,
+        sk_h,
+        sk_n,
+        sk_d,
+        so_b,
+        so_t,
+        so_h,
+        s_slot,
+        sp_b,
+        sp_t,
+        T,
+        scale,
+        window,
+        keys_per_split,
+        splits,
+        G: tl.constexpr,
+        GP: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        SINGLE: tl.constexpr,
         IEEE: tl.constexpr,
     ):
         row = tl.program_id(0)  # b * T + t
@@ -72,7 +96,8 @@ if HAVE_TRITON:
         heads = kv_head * G + g
         q = tl.load(
             q_ptr + b * sq_b + t * sq_t + heads[:, None] * sq_h + d[None, :] * sq_d,
-            mask=(g < G)[:, None], other=0.0,
+            mask=(g < G)[:, None],
+            other=0.0,
         ).to(k_ptr.dtype.element_ty)
         m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([GP], dtype=tl.float32)
@@ -100,8 +125,11 @@ if HAVE_TRITON:
             m_i = m_new
         if SINGLE:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out_ptr + b * so_b + t * so_t + heads[:, None] * so_h + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=(g < G)[:, None])
+            tl.store(
+                out_ptr + b * so_b + t * so_t + heads[:, None] * so_h + d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=(g < G)[:, None],
+            )
         else:
             # partials [rows, Hq, splits, D + 2]: acc, then m and l
             width = D + 2
@@ -173,13 +201,37 @@ def slot_attention(
     # Every split writes its partial (empty ones: m = -inf, l = 0), so no buffer fills.
     parts = torch.empty((b * t, hq, splits, d + 2), dtype=torch.float32, device=query.device) if splits > 1 else out
     _slot_attention_kernel[(b * t, hkv, splits)](
-        query, k_cache, v_cache, read_slots, positions, out, parts,
-        query.stride(0), query.stride(2), query.stride(1), query.stride(3),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
-        out.stride(0), out.stride(1), out.stride(2),
-        read_slots.stride(0), positions.stride(0), positions.stride(1),
-        t, float(scale), int(sliding_window or 0), KEYS_PER_SPLIT, splits,
-        G=groups, GP=max(16, 1 << (groups - 1).bit_length()), D=d, BLOCK_N=64, SINGLE=splits == 1,
+        query,
+        k_cache,
+        v_cache,
+        read_slots,
+        positions,
+        out,
+        parts,
+        query.stride(0),
+        query.stride(2),
+        query.stride(1),
+        query.stride(3),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_cache.stride(3),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        read_slots.stride(0),
+        positions.stride(0),
+        positions.stride(1),
+        t,
+        float(scale),
+        int(sliding_window or 0),
+        KEYS_PER_SPLIT,
+        splits,
+        G=groups,
+        GP=max(16, 1 << (groups - 1).bit_length()),
+        D=d,
+        BLOCK_N=64,
+        SINGLE=splits == 1,
         IEEE=k_cache.dtype == torch.float32,
     )
     if splits > 1:
@@ -209,13 +261,15 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if kwargs.get("softcap") is not None or dropout:
             raise ValueError("slot attention supports neither softcapping nor dropout")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        out = slot_attention(query, key, value, read_slots, positions, scale=scale, key_length=key_length,
-                             sliding_window=window)
+        out = slot_attention(
+            query, key, value, read_slots, positions, scale=scale, key_length=key_length, sliding_window=window
+        )
         return out, None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kwargs)
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
 
 
 def use_for(model: torch.nn.Module) -> bool:
@@ -224,8 +278,9 @@ def use_for(model: torch.nn.Module) -> bool:
     device = next(model.parameters()).device
     if not available(device):
         return False
-    head_dim = getattr(model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config,
-                       "head_dim", None)
+    head_dim = getattr(
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config, "head_dim", None
+    )
     if head_dim is None or head_dim < 16 or head_dim & (head_dim - 1):
         return False
     configs = [model.config]

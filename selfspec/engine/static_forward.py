@@ -16,12 +16,11 @@ padding rows and device-side routing are tested for exactness without a GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
-
 import contextlib
 import time
 import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch

@@ -80,7 +80,9 @@ def verify_rejection_with_draft_probs(
     if accepted == k:
         return VerifyResult(num_accepted=k, next_token=_sample(target_probs[k], generator))
     residual = (target_probs[accepted].float() - draft_probs[accepted].float()).clamp_min(0.0)
-    return VerifyResult(num_accepted=accepted, next_token=_sample_or_fallback(residual, target_probs[accepted], generator))
+    return VerifyResult(
+        num_accepted=accepted, next_token=_sample_or_fallback(residual, target_probs[accepted], generator)
+    )
 
 
 def verify_rejection_deterministic(
@@ -105,7 +107,9 @@ def verify_rejection_deterministic(
         return VerifyResult(num_accepted=k, next_token=_sample(target_probs[k], generator))
     residual = target_probs[accepted].float().clone()
     residual[proposal[accepted]] = 0.0
-    return VerifyResult(num_accepted=accepted, next_token=_sample_or_fallback(residual, target_probs[accepted], generator))
+    return VerifyResult(
+        num_accepted=accepted, next_token=_sample_or_fallback(residual, target_probs[accepted], generator)
+    )
 
 
 # ------------------------------------------------------------------- the one entry

@@ -17,6 +17,7 @@ from selfspec.models.registry import (
     register_model,
     unregister_model,
 )
+from selfspec.models.tokenizer_check import TokenizerDefectError
 from selfspec.thinking.format import (
     EndOfThinkingMatcher,
     ThinkingFormat,
@@ -25,7 +26,6 @@ from selfspec.thinking.format import (
     generation_starts_in_thinking,
     split_reasoning,
 )
-from selfspec.models.tokenizer_check import TokenizerDefectError
 
 __all__ = [
     "EndOfThinkingMatcher",

@@ -91,9 +91,7 @@ def load_gguf_tokenizer(gguf_path: Path) -> Any:
 def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     """Model (float32, dequantized) and tokenizer straight from a GGUF file (slow)."""
     tokenizer = load_gguf_tokenizer(gguf_path)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
     model.eval()
     return model, tokenizer
 
@@ -121,8 +119,10 @@ def convert_gguf(gguf_path: Path, target: Path, *, fingerprint: str) -> Path:
             if problems:
                 # A warning, not an error: a load given a working tokenizer (`--tokenizer`) goes on
                 # with that one; a load without one stops at `_converted_tokenizer`'s check.
-                logger.warning("the conversion saves no tokenizer (a load given --tokenizer uses that one): %s",
-                               defect_message(str(gguf_path), problems))
+                logger.warning(
+                    "the conversion saves no tokenizer (a load given --tokenizer uses that one): %s",
+                    defect_message(str(gguf_path), problems),
+                )
             else:
                 tokenizer.save_pretrained(partial)
             record = {

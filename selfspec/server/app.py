@@ -77,8 +77,12 @@ class ServerState:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401,
+                "missing or invalid API key (send Authorization: Bearer <key>)",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     def check_content_type(self, request: Request) -> None:
         """POST bodies must say they are JSON. A browser page may send "simple" cross-site POSTs
@@ -134,7 +138,9 @@ class ServerState:
         self._latency_ema = seconds if self._latency_ema is None else 0.9 * self._latency_ema + 0.1 * seconds
 
     # ------------------------------------------------------------------ generation
-    async def generate(self, request: Request, body: ChatCompletionRequest | CompletionRequest, *, chat: bool) -> Response:
+    async def generate(
+        self, request: Request, body: ChatCompletionRequest | CompletionRequest, *, chat: bool
+    ) -> Response:
         started = time.perf_counter()
         model = self.check_model(body.model)
         planner = self.planner.plan_chat if chat else self.planner.plan_completion
@@ -193,14 +199,26 @@ class ServerState:
         self._record(plan, reason, usage, started)
         if chat:
             payload = chat_completion(
-                request_id, created, model, content=text.content_text, reasoning=text.reasoning_text, reason=reason, usage=usage
+                request_id,
+                created,
+                model,
+                content=text.content_text,
+                reasoning=text.reasoning_text,
+                reason=reason,
+                usage=usage,
             )
         else:
             payload = text_completion(request_id, created, model, text=text.content_text, reason=reason, usage=usage)
         return JSONResponse(payload, headers={"X-Request-Id": request_id})
 
     async def _stream(
-        self, session: RequestSession, text: ResponseText, writer: ChunkWriter, prompt_tokens: int, plan: RequestPlan, started: float
+        self,
+        session: RequestSession,
+        text: ResponseText,
+        writer: ChunkWriter,
+        prompt_tokens: int,
+        plan: RequestPlan,
+        started: float,
     ) -> AsyncIterator[str]:
         output_ids: list[int] = []
         answer_start: int | None = None

@@ -79,8 +79,8 @@ def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: in
 def attach_cospec(llm: Any, defaults: "RequestDefaults", arbitrator: Path, threshold: float, num_tokens: int) -> None:
     """Load the arbitrator onto `llm`'s draft (attaching the checkpoint's draft if none) and
     offer CoSpec to requests that opt in."""
-    from selfspec.spec.cospec.checkpoint import load_arbitrator_for
     from selfspec.server.config import CoSpecDefaults
+    from selfspec.spec.cospec.checkpoint import load_arbitrator_for
 
     loaded = load_arbitrator_for(llm, arbitrator)
     defaults.cospec = CoSpecDefaults(arbitrator=loaded, threshold=threshold, num_speculative_tokens=num_tokens)
@@ -115,9 +115,9 @@ def build_defaults(
 
     from selfspec.config import parse_baseline_spec
     from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
-    from selfspec.thinking.policy import ThinkingLimits
     from selfspec.server.config import RequestDefaults
     from selfspec.spec.ssr import SSRConfig
+    from selfspec.thinking.policy import ThinkingLimits
 
     if reuse not in _REUSE_MODES:
         raise ValueError(f"--reuse must be one of {_REUSE_MODES}, got {reuse!r}")
@@ -125,9 +125,13 @@ def build_defaults(
         raise ValueError(f"--speculation must be one of {_SPECULATION_METHODS}, got {speculation!r}")
     if ssr and speculation is not None:
         raise ValueError("--ssr and --speculation are alternatives; choose one")
-    ssr_fields_given = bool(draft_budget) or draft_interval is not None or max_draft_len is not None or reuse != "prefix+suffix"
+    ssr_fields_given = (
+        bool(draft_budget) or draft_interval is not None or max_draft_len is not None or reuse != "prefix+suffix"
+    )
     if ssr_fields_given and not ssr:
-        raise ValueError("--draft-budget/--draft-interval/--max-draft-len/--reuse set SSR defaults; add --ssr to turn it on")
+        raise ValueError(
+            "--draft-budget/--draft-interval/--max-draft-len/--reuse set SSR defaults; add --ssr to turn it on"
+        )
     ssr_config = None
     if ssr:
         fields: dict[str, Any] = {"reuse": reuse}
@@ -186,33 +190,83 @@ def check_listen_address(host: str, port: int, log_level: str) -> None:
 
 
 def serve_command(
-    model: str = typer.Option("smollm2", "--model", "-m", help="Packaged name (smollm2, gemma3-270m), a .gguf file, a local HF directory, or 'tiny' (random test model)."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind. Keep 127.0.0.1 unless the server must be reachable from other machines."),
+    model: str = typer.Option(
+        "smollm2",
+        "--model",
+        "-m",
+        help="Packaged name (smollm2, gemma3-270m), a .gguf file, a local HF directory, or 'tiny' (random test model).",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind. Keep 127.0.0.1 unless the server must be reachable from other machines."
+    ),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port to listen on (0: any free one)."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."),
-    num_slots: int = typer.Option(8, min=1, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."),
-    max_len: Optional[int] = typer.Option(None, min=1, help="Context length per slot in tokens (default: the model's, at most 4096)."),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."
+    ),
+    num_slots: int = typer.Option(
+        8, min=1, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."
+    ),
+    max_len: Optional[int] = typer.Option(
+        None, min=1, help="Context length per slot in tokens (default: the model's, at most 4096)."
+    ),
     max_queue: int = typer.Option(64, help="Requests that may wait for a slot; beyond that, 429 with Retry-After."),
-    request_timeout: float = typer.Option(600.0, help="Seconds after which a request is cancelled (a request may ask for less)."),
-    api_key: Optional[str] = typer.Option(None, envvar="SELFSPEC_API_KEY", help="Require 'Authorization: Bearer <key>' on /v1 endpoints (also read from SELFSPEC_API_KEY)."),
-    served_model_name: Optional[list[str]] = typer.Option(None, help="Name(s) clients pass as 'model' (default: the --model value). Repeat for aliases."),
-    ssr: bool = typer.Option(False, "--ssr/--no-ssr", help="Run SSR (self-speculation) on every request unless it says otherwise."),
-    draft_budget: Optional[list[int]] = typer.Option(None, help="SSR default: CoT length at which a draft is forked (repeat for several drafts)."),
-    draft_interval: Optional[int] = typer.Option(None, help="SSR default: fork a draft every N CoT tokens (iterative drafting)."),
+    request_timeout: float = typer.Option(
+        600.0, help="Seconds after which a request is cancelled (a request may ask for less)."
+    ),
+    api_key: Optional[str] = typer.Option(
+        None,
+        envvar="SELFSPEC_API_KEY",
+        help="Require 'Authorization: Bearer <key>' on /v1 endpoints (also read from SELFSPEC_API_KEY).",
+    ),
+    served_model_name: Optional[list[str]] = typer.Option(
+        None, help="Name(s) clients pass as 'model' (default: the --model value). Repeat for aliases."
+    ),
+    ssr: bool = typer.Option(
+        False, "--ssr/--no-ssr", help="Run SSR (self-speculation) on every request unless it says otherwise."
+    ),
+    draft_budget: Optional[list[int]] = typer.Option(
+        None, help="SSR default: CoT length at which a draft is forked (repeat for several drafts)."
+    ),
+    draft_interval: Optional[int] = typer.Option(
+        None, help="SSR default: fork a draft every N CoT tokens (iterative drafting)."
+    ),
     max_draft_len: Optional[int] = typer.Option(None, help="SSR default: a draft stops after this many answer tokens."),
-    reuse: str = typer.Option("prefix+suffix", help="SSR default: how drafts are used: off | prefix | suffix | prefix+suffix."),
-    speculation: Optional[str] = typer.Option(None, help="Default speculation without SSR: suffix (suffix decoding) or ngram (prompt lookup)."),
+    reuse: str = typer.Option(
+        "prefix+suffix", help="SSR default: how drafts are used: off | prefix | suffix | prefix+suffix."
+    ),
+    speculation: Optional[str] = typer.Option(
+        None, help="Default speculation without SSR: suffix (suffix decoding) or ngram (prompt lookup)."
+    ),
     cot_cap: Optional[int] = typer.Option(None, help="Default: close thinking by force after this many CoT tokens."),
-    answer_cap: Optional[int] = typer.Option(None, help="Default: stop the answer after this many tokens (continuation cap)."),
-    fixed_length: bool = typer.Option(False, "--fixed-length/--no-fixed-length", help="Default: ignore the model's end-of-thinking and EOS (paper rows; needs --cot-cap and --answer-cap)."),
-    think: Optional[bool] = typer.Option(None, "--think/--no-think", help="Default for thinking (unset: the model's own default)."),
+    answer_cap: Optional[int] = typer.Option(
+        None, help="Default: stop the answer after this many tokens (continuation cap)."
+    ),
+    fixed_length: bool = typer.Option(
+        False,
+        "--fixed-length/--no-fixed-length",
+        help="Default: ignore the model's end-of-thinking and EOS (paper rows; needs --cot-cap and --answer-cap).",
+    ),
+    think: Optional[bool] = typer.Option(
+        None, "--think/--no-think", help="Default for thinking (unset: the model's own default)."
+    ),
     temperature: float = typer.Option(0.0, help="Default sampling temperature when a request gives none (0 = greedy)."),
-    default_max_tokens: Optional[int] = typer.Option(None, help="max_tokens for requests that give none (default: the room left in the context)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model for SpS/CoSpec: layers:N (the target's first N layers) or a model name (default with --arbitrator: the checkpoint's)."),
-    arbitrator: Optional[Path] = typer.Option(None, help="CoSpec arbitrator checkpoint directory; requests opt in with selfspec.cospec (LOSSY: responses say usage.selfspec.lossy=true)."),
-    cospec_threshold: float = typer.Option(0.6, help="CoSpec default: keep a draft token at a mismatch iff π(keep) >= this (0..1; 1 never keeps)."),
+    default_max_tokens: Optional[int] = typer.Option(
+        None, help="max_tokens for requests that give none (default: the room left in the context)."
+    ),
+    draft: Optional[str] = typer.Option(
+        None,
+        "--draft",
+        help="Draft model for SpS/CoSpec: layers:N (the target's first N layers) or a model name (default with --arbitrator: the checkpoint's).",
+    ),
+    arbitrator: Optional[Path] = typer.Option(
+        None,
+        help="CoSpec arbitrator checkpoint directory; requests opt in with selfspec.cospec (LOSSY: responses say usage.selfspec.lossy=true).",
+    ),
+    cospec_threshold: float = typer.Option(
+        0.6, help="CoSpec default: keep a draft token at a mismatch iff π(keep) >= this (0..1; 1 never keeps)."
+    ),
     cospec_k: int = typer.Option(25, help="CoSpec default: draft tokens per round (1..64)."),
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug."),
 ) -> None:
@@ -250,7 +304,9 @@ def serve_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        llm = load_llm(model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len, draft=draft, tokenizer=tokenizer)
+        llm = load_llm(
+            model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len, draft=draft, tokenizer=tokenizer
+        )
     except (ValueError, FileNotFoundError, OSError) as exc:
         typer.echo(f"error: could not load {model!r}: {exc}", err=True)
         raise typer.Exit(code=2) from None
@@ -264,7 +320,8 @@ def serve_command(
     app = create_app(llm, config)
     typer.echo(
         f"serving {config.served_model_names} ({llm.engine.max_len}-token context, {num_slots} slots) "
-        f"on http://{host}:{port}/v1" + (" (API key required)" if api_key else "")
+        f"on http://{host}:{port}/v1"
+        + (" (API key required)" if api_key else "")
         + (f"; CoSpec (lossy) on request, default threshold {cospec_threshold:g}" if arbitrator is not None else "")
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")

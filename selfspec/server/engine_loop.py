@@ -239,7 +239,9 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - a server-side failure for this request only
             log.exception("could not submit request %s", job.request_id)
             self._release()
-            job.sink.put(Failed(f"internal error while submitting the request: {type(exc).__name__}", client_error=False))
+            job.sink.put(
+                Failed(f"internal error while submitting the request: {type(exc).__name__}", client_error=False)
+            )
             return
         policy = seq.policy
         thinking = isinstance(policy, ThinkingPolicy) and policy.thinking
@@ -341,4 +343,3 @@ class EngineLoop:
             steps=engine.steps,
         )
         self.hooks.on_stats(self.stats)
-

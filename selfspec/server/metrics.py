@@ -15,7 +15,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from selfspec.server.engine_loop import LoopStats
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    320.0,
+    640.0,
+)
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -29,23 +47,42 @@ class ServerMetrics:
             "selfspec_requests", "HTTP requests by endpoint and status code.", ["endpoint", "code"], registry=r
         )
         self.finished = Counter(
-            "selfspec_requests_finished", "Completed generations by finish reason and mode.", ["finish_reason", "mode"], registry=r
+            "selfspec_requests_finished",
+            "Completed generations by finish reason and mode.",
+            ["finish_reason", "mode"],
+            registry=r,
         )
         self.aborted = Counter(
             "selfspec_requests_aborted", "Requests cancelled before they finished, by reason.", ["reason"], registry=r
         )
-        self.rejected = Counter("selfspec_requests_rejected_queue_full", "Requests refused with 429 (queue full).", registry=r)
+        self.rejected = Counter(
+            "selfspec_requests_rejected_queue_full", "Requests refused with 429 (queue full).", registry=r
+        )
         self.body_disconnects = Counter(
-            "selfspec_client_disconnects_during_body", "Clients that hung up before their request body arrived.", registry=r
+            "selfspec_client_disconnects_during_body",
+            "Clients that hung up before their request body arrived.",
+            registry=r,
         )
         self.prompt_tokens = Counter("selfspec_prompt_tokens", "Prompt tokens of completed requests.", registry=r)
-        self.generation_tokens = Counter("selfspec_generation_tokens", "Generated tokens of completed requests.", registry=r)
-        self.reasoning_tokens = Counter("selfspec_reasoning_tokens", "Chain-of-thought tokens of completed requests.", registry=r)
+        self.generation_tokens = Counter(
+            "selfspec_generation_tokens", "Generated tokens of completed requests.", registry=r
+        )
+        self.reasoning_tokens = Counter(
+            "selfspec_reasoning_tokens", "Chain-of-thought tokens of completed requests.", registry=r
+        )
         self.latency = Histogram(
-            "selfspec_e2e_request_latency_seconds", "Request arrival to last token.", ["mode"], buckets=_LATENCY_BUCKETS, registry=r
+            "selfspec_e2e_request_latency_seconds",
+            "Request arrival to last token.",
+            ["mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.ttft = Histogram(
-            "selfspec_time_to_first_token_seconds", "Engine arrival to first output token.", ["mode"], buckets=_LATENCY_BUCKETS, registry=r
+            "selfspec_time_to_first_token_seconds",
+            "Engine arrival to first output token.",
+            ["mode"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.tfat = Histogram(
             "selfspec_time_to_first_answer_token_seconds",
@@ -54,10 +91,16 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.proposed = Counter("selfspec_spec_proposed_tokens", "Speculated tokens proposed for verification.", ["mode"], registry=r)
-        self.accepted = Counter("selfspec_spec_accepted_tokens", "Speculated tokens accepted by verification.", ["mode"], registry=r)
+        self.proposed = Counter(
+            "selfspec_spec_proposed_tokens", "Speculated tokens proposed for verification.", ["mode"], registry=r
+        )
+        self.accepted = Counter(
+            "selfspec_spec_accepted_tokens", "Speculated tokens accepted by verification.", ["mode"], registry=r
+        )
         self.ssr_accepted_prefix = Counter(
-            "selfspec_ssr_accepted_prefix_tokens", "Draft answer tokens accepted by SSR prefix verification.", registry=r
+            "selfspec_ssr_accepted_prefix_tokens",
+            "Draft answer tokens accepted by SSR prefix verification.",
+            registry=r,
         )
         self.ssr_suffix_accepted = Counter(
             "selfspec_ssr_suffix_accepted_tokens", "Tokens accepted from draft-backed suffix decoding.", registry=r
@@ -71,7 +114,9 @@ class ServerMetrics:
             registry=r,
         )
         self.waiting = Gauge("selfspec_queue_depth", "Requests waiting for a slot.", registry=r)
-        self.running = Gauge("selfspec_sequences_running", "Sequences holding a slot (SSR drafts included).", registry=r)
+        self.running = Gauge(
+            "selfspec_sequences_running", "Sequences holding a slot (SSR drafts included).", registry=r
+        )
         self.slots_in_use = Gauge("selfspec_slots_in_use", "KV-cache slots in use.", registry=r)
         self.slots_total = Gauge("selfspec_slots_total", "KV-cache slots.", registry=r)
         self.in_flight = Gauge("selfspec_requests_in_flight", "Requests accepted and not finished.", registry=r)

@@ -207,7 +207,9 @@ class ResponseText:
         if self.thinking:
             self.reasoning = TextChannel(
                 tokenizer,
-                ChannelRules(strip_leading_whitespace=True, start_marker=start_marker, end_marker=end_marker, stops=stops),
+                ChannelRules(
+                    strip_leading_whitespace=True, start_marker=start_marker, end_marker=end_marker, stops=stops
+                ),
             )
         self.content = TextChannel(tokenizer, ChannelRules(strip_leading_whitespace=self.thinking, stops=stops))
         self._fed = 0

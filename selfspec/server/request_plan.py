@@ -17,15 +17,15 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from selfspec.spec.cospec.policy import CoSpecConfig
-from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
 from selfspec.config import parse_baseline_spec
-from selfspec.thinking.policy import ThinkingLimits
+from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
 from selfspec.server.config import RequestDefaults
 from selfspec.server.errors import APIError, from_validation_error
-from selfspec.server.schemas import ChatCompletionRequest, CoSpecOptions, CompletionRequest, SelfspecOptions
+from selfspec.server.schemas import ChatCompletionRequest, CompletionRequest, CoSpecOptions, SelfspecOptions
 from selfspec.spec.base import MethodConfig
+from selfspec.spec.cospec.policy import CoSpecConfig
 from selfspec.spec.ssr import SSRConfig
+from selfspec.thinking.policy import ThinkingLimits
 
 log = logging.getLogger("selfspec.server")
 
@@ -53,7 +53,9 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def _merge_config(parse: Callable[[dict], BaseModel], default: BaseModel | None, requested: BaseModel, name: str) -> BaseModel:
+def _merge_config(
+    parse: Callable[[dict], BaseModel], default: BaseModel | None, requested: BaseModel, name: str
+) -> BaseModel:
     """The request's fields over the server's defaults (only the fields it set). A request that
     names another method than the server's default takes none of the default's fields."""
     if default is None or getattr(default, "method", None) != getattr(requested, "method", None):
@@ -178,7 +180,11 @@ class RequestPlanner:
                 raise APIError(400, "prompt is empty", param="prompt")
             bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise APIError(400, f"prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param="prompt")
+                raise APIError(
+                    400,
+                    f"prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
+                    param="prompt",
+                )
         return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="prompt")
 
     # ------------------------------------------------------------------ shared
@@ -209,7 +215,9 @@ class RequestPlanner:
                 param=prompt_field,
                 code="context_length_exceeded",
             )
-        limit_field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        limit_field = (
+            "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        )
         max_tokens = body.completion_limit
         if max_tokens is None:
             max_tokens = min(room, self.defaults.max_tokens or room)
@@ -226,7 +234,9 @@ class RequestPlanner:
         stop_ids = body.stop_token_ids or []
         bad = [t for t in stop_ids if t >= self.vocab_size]
         if bad:
-            raise APIError(400, f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param="stop_token_ids")
+            raise APIError(
+                400, f"stop_token_ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}", param="stop_token_ids"
+            )
         try:
             params = SamplingParams(
                 max_tokens=max_tokens,

@@ -57,7 +57,14 @@ def finish_reason(finished: Finished) -> str:
 
 
 def chat_completion(
-    request_id: str, created: int, model: str, *, content: str, reasoning: str | None, reason: str, usage: dict[str, Any]
+    request_id: str,
+    created: int,
+    model: str,
+    *,
+    content: str,
+    reasoning: str | None,
+    reason: str,
+    usage: dict[str, Any],
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if reasoning is not None:
@@ -72,7 +79,9 @@ def chat_completion(
     }
 
 
-def text_completion(request_id: str, created: int, model: str, *, text: str, reason: str, usage: dict[str, Any]) -> dict[str, Any]:
+def text_completion(
+    request_id: str, created: int, model: str, *, text: str, reason: str, usage: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "text_completion",
@@ -102,7 +111,9 @@ class ChunkWriter:
             payload["usage"] = usage
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    def _choice(self, *, reasoning: str = "", content: str = "", role: bool = False, reason: str | None = None) -> dict[str, Any]:
+    def _choice(
+        self, *, reasoning: str = "", content: str = "", role: bool = False, reason: str | None = None
+    ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
             if role:

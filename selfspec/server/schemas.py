@@ -251,12 +251,18 @@ class ChatCompletionRequest(_CommonRequest):
             raise UnsupportedField("tools", "tool calling is not supported by selfspec")
         if self.tool_choice not in (None, "none", "auto"):
             raise UnsupportedField("tool_choice", "tool calling is not supported by selfspec")
-        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
             raise UnsupportedField("max_completion_tokens", "max_tokens and max_completion_tokens disagree")
         kwargs = self.chat_template_kwargs or {}
         unknown = sorted(set(kwargs) - {"enable_thinking"})
         if unknown:
-            raise UnsupportedField("chat_template_kwargs", f"unsupported chat_template_kwargs: {unknown} (only enable_thinking)")
+            raise UnsupportedField(
+                "chat_template_kwargs", f"unsupported chat_template_kwargs: {unknown} (only enable_thinking)"
+            )
         if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
             raise UnsupportedField("chat_template_kwargs.enable_thinking", "enable_thinking must be a boolean")
         return self

@@ -45,7 +45,9 @@ class ClientDisconnected(Exception):
 
 
 class RequestSession:
-    def __init__(self, request: Request, request_id: str, plan: RequestPlan, engine_loop: EngineLoop, started: float) -> None:
+    def __init__(
+        self, request: Request, request_id: str, plan: RequestPlan, engine_loop: EngineLoop, started: float
+    ) -> None:
         self.request = request
         self.request_id = request_id
         self.plan = plan

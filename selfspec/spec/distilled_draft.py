@@ -67,7 +67,9 @@ def layer_signature(model: torch.nn.Module, num_layers: int, *, seed: int = 0) -
     return signature
 
 
-def signature_mismatch(recorded: Sequence[Sequence[float]], actual: Sequence[Sequence[float]], rtol: float = SIGNATURE_RTOL) -> str | None:
+def signature_mismatch(
+    recorded: Sequence[Sequence[float]], actual: Sequence[Sequence[float]], rtol: float = SIGNATURE_RTOL
+) -> str | None:
     """None when the signatures agree (relative to each part's norm), else what differs."""
     if len(recorded) != len(actual):
         return f"{len(recorded)} recorded parts vs {len(actual)}"
@@ -95,7 +97,9 @@ def read_draft_manifest(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{directory} is not a distilled draft (no {MANIFEST})")
     manifest = json.loads(manifest_file.read_text())
     if manifest.get("format") != FORMAT or int(manifest.get("version", 0)) > VERSION:
-        raise ValueError(f"{manifest_file}: unsupported format {manifest.get('format')!r} version {manifest.get('version')}")
+        raise ValueError(
+            f"{manifest_file}: unsupported format {manifest.get('format')!r} version {manifest.get('version')}"
+        )
     for name in (ADAPTER_CONFIG_FILE, ADAPTER_FILE):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} has no {name}")
@@ -153,7 +157,9 @@ def load_distilled_draft(
     shape = _model_shape(target)
     for key in ("hidden_size", "vocab_size", "target_layers"):
         if manifest.get(key) is not None and manifest[key] != shape[key]:
-            raise ValueError(f"distilled draft {directory} was trained on a target with {key}={manifest[key]}, this one has {shape[key]}")
+            raise ValueError(
+                f"distilled draft {directory} was trained on a target with {key}={manifest[key]}, this one has {shape[key]}"
+            )
     if check_signature and manifest.get("signature"):
         problem = signature_mismatch(manifest["signature"], layer_signature(target, recorded))
         if problem is not None:

@@ -133,7 +133,9 @@ class DraftModelProposer:
 class _DraftJob:
     """One sequence's proposal in progress inside `propose_group`."""
 
-    def __init__(self, proposer: DraftModelProposer, context: list[int], k: int, position: int, feed: list[int]) -> None:
+    def __init__(
+        self, proposer: DraftModelProposer, context: list[int], k: int, position: int, feed: list[int]
+    ) -> None:
         self.proposer = proposer
         self.context = context
         self.k = k
@@ -214,5 +216,7 @@ class DraftModelConfig(MethodConfig):
         params = ctx.params
         seed = None if params.seed is None else params.seed + DRAFT_SEED_OFFSET
         generator = None if params.greedy else make_generator(seed, ctx.device)
-        proposer = DraftModelProposer(ctx.draft_runner, num_tokens=self.num_speculative_tokens, params=params, generator=generator)
+        proposer = DraftModelProposer(
+            ctx.draft_runner, num_tokens=self.num_speculative_tokens, params=params, generator=generator
+        )
         return ThinkingPolicy(ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer)

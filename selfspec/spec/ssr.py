@@ -11,7 +11,7 @@ One `SSRPolicy` rides on the parent sequence; each draft is a child sequence wit
 2. The parent ends thinking (its own marker, or the CoT cap). Running drafts are
    cancelled and their slots freed; what they wrote stays usable.
 3. Prefix verification: the newest draft is proposed in chunks, anchored on the
-   end-of-thinking marker (a longest-match index over marker + draft), and the engine's
+   end-of-thinking marker (a cursor over marker + draft), and the engine's
    exact verifier accepts the longest prefix the model agrees with under the full CoT.
 4. Draft-backed suffix decoding: after the first mismatch, a SuffixDecoding tree over the
    drafts (and optionally prompt / output / global history) proposes continuations.
@@ -83,7 +83,7 @@ class SSRConfig(MethodConfig):
       the task into their CoT and the CoT into the answer, so many CoT tokens come free
       while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
       always closed by a plain step and the draft verification starts aligned.
-    suffix_backoff / suffix_backoff_max: after a suffix proposal of which nothing is accepted,
+    suffix_backoff_max: after a suffix proposal of which nothing is accepted,
       skip the next 1, 2, 4, ... (at most `suffix_backoff_max`) answer steps before proposing
       again; an accepted token resets it. A draft that stopped tracking the answer then costs
       a few verifies instead of one per token (a k-token verify costs ~1.3 decode steps on
@@ -117,6 +117,10 @@ class SSRConfig(MethodConfig):
         self.draft_budgets = sorted(set(self.draft_budgets))
         if not self.suffix_sources:
             raise ValueError("suffix_sources must not be empty")
+        if self.prefix_chunk_start > self.prefix_chunk_max:
+            raise ValueError(
+                f"prefix_chunk_start ({self.prefix_chunk_start}) must not exceed prefix_chunk_max ({self.prefix_chunk_max})"
+            )
         return self
 
     def budgets_up_to(self, cot_cap: int | None) -> list[int]:
@@ -133,13 +137,16 @@ class SSRConfig(MethodConfig):
         return budgets
 
     def build(self, ctx: MethodContext) -> "SSRPolicy":
-        return SSRPolicy(self, ctx.thinking_format, ctx.limits, thinking=ctx.thinking, global_history=ctx.global_history)
-
+        return SSRPolicy(
+            self, ctx.thinking_format, ctx.limits, thinking=ctx.thinking, global_history=ctx.global_history
+        )
 
 
 # Prefix verification proposes whole draft runs; the engine splits them into chunks of
 # its `max_proposal_tokens`, so the cap here only needs to exceed that.
-_UNCAPPED = SuffixConfig(mode="longest_match", max_spec_tokens=1 << 16, spec_factor=float(1 << 16), spec_offset=float(1 << 16))
+_UNCAPPED = SuffixConfig(
+    mode="longest_match", max_spec_tokens=1 << 16, spec_factor=float(1 << 16), spec_offset=float(1 << 16)
+)
 
 
 @dataclass
@@ -213,7 +220,9 @@ class SSRPolicy(ThinkingPolicy):
         history = global_history if "global" in config.suffix_sources else None
         # Thinking-phase speculation (config.speculate_thinking) is the base policy's own
         # proposer (SuffixDecoding over prompt + output), used here in the thinking phase only.
-        think_proposer = SuffixProposer(config.suffix.to_config(index_context=True)) if config.speculate_thinking else None
+        think_proposer = (
+            SuffixProposer(config.suffix.to_config(index_context=True)) if config.speculate_thinking else None
+        )
         super().__init__(fmt, limits, thinking=thinking, proposer=think_proposer, history=history)
         self.config = config
         self.budgets = config.budgets_up_to(self.limits.cot_cap) if self.thinking else []
@@ -484,11 +493,14 @@ class SSRPolicy(ThinkingPolicy):
             "thinking_verify_steps": self.thinking_verify_steps,
             # A bonus token cut by a cap never became an answer token.
             "accepted_prefix": min(
-                self._prefix_matched() if self.stage is SSRStage.PREFIX else self.accepted_prefix, self.metrics.answer_tokens
+                self._prefix_matched() if self.stage is SSRStage.PREFIX else self.accepted_prefix,
+                self.metrics.answer_tokens,
             ),
             "suffix_accepted_tokens": self.suffix_accepted,
             "answer_verify_steps": self.answer_verify_steps,
             "answer_forwards": self.answer_forwards,
-            "mean_acceptance_length": (self.metrics.answer_tokens / self.answer_forwards) if self.answer_forwards else 0.0,
+            "mean_acceptance_length": (self.metrics.answer_tokens / self.answer_forwards)
+            if self.answer_forwards
+            else 0.0,
             "verified_draft": None if self.verified_draft is None else self.verified_draft.index,
         }

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from selfspec.engine.policy import Proposal
 from selfspec.spec.base import MethodConfig, MethodContext
-from selfspec.thinking.policy import ThinkingPolicy
 from selfspec.spec.suffix_index import (
     Candidate,
     CountsTree,
@@ -26,6 +25,7 @@ from selfspec.spec.suffix_index import (
     SpeculationLimits,
     SuffixIndex,
 )
+from selfspec.thinking.policy import ThinkingPolicy
 
 GLOBAL_SOURCE = "global"
 """`Candidate.source` of a proposal that came from the shared history."""
@@ -251,4 +251,6 @@ class SuffixDecodingConfig(MethodConfig):
         history = ctx.global_history if "global" in self.sources else None
         index_context = "prompt" in self.sources or "output" in self.sources
         proposer = SuffixProposer(self.suffix.to_config(index_context=index_context), global_history=history)
-        return ThinkingPolicy(ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer, history=history)
+        return ThinkingPolicy(
+            ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer, history=history
+        )

@@ -128,10 +128,7 @@ def _layer_types(num_layers: int, sliding: bool) -> list[str]:
     """Alternate sliding and full layers, ending on a full layer so both kinds exist."""
     if not sliding:
         return ["full_attention"] * num_layers
-    return [
-        "full_attention" if (num_layers - 1 - i) % 2 == 0 else "sliding_attention"
-        for i in range(num_layers)
-    ]
+    return ["full_attention" if (num_layers - 1 - i) % 2 == 0 else "sliding_attention" for i in range(num_layers)]
 
 
 def tiny_config(
@@ -225,9 +222,7 @@ def tiny_model(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(
-            config, attn_implementation="sdpa", dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     model = model.to(dtype)
     if eos_token_id is not None:
         model.generation_config.eos_token_id = eos_token_id

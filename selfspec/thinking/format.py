@@ -91,10 +91,7 @@ def _marker_variants(tokenizer: Any, marker: str) -> tuple[tuple[int, ...], ...]
     if canonical:
         variants.add(canonical)
     # A variant that ends with a shorter one is redundant: the shorter one fires first.
-    minimal = [
-        v for v in variants
-        if not any(len(u) < len(v) and v[len(v) - len(u):] == u for u in variants)
-    ]
+    minimal = [v for v in variants if not any(len(u) < len(v) and v[len(v) - len(u) :] == u for u in variants)]
     return tuple(sorted(minimal, key=lambda v: (len(v), v)))
 
 
@@ -162,9 +159,7 @@ class ThinkingFormat:
             return cls.none()
         template = _chat_template_text(tokenizer)
         takes_enable = "enable_thinking" in template
-        rendered = _render_generation_prompt(
-            tokenizer, **({"enable_thinking": True} if takes_enable else {})
-        )
+        rendered = _render_generation_prompt(tokenizer, **({"enable_thinking": True} if takes_enable else {}))
         opens = rendered is not None and rendered.rstrip().endswith(start)
         if kind is None:
             single_tokens = _is_single_token(tokenizer, start) and _is_single_token(tokenizer, end)
@@ -365,7 +360,7 @@ class EndOfThinkingMatcher:
         if not tail:
             return 0
         for variant in self._by_last_token.get(tail[-1], ()):
-            if tuple(tail[-len(variant):]) == variant:
+            if tuple(tail[-len(variant) :]) == variant:
                 return len(variant)
         return 0
 
@@ -400,7 +395,7 @@ def split_reasoning(
         return [], ids
     start = list(fmt.start_ids)
     if start and ids[: len(start)] == start:
-        ids = ids[len(start):]
+        ids = ids[len(start) :]
         starts_in_thinking = True
     if not starts_in_thinking:
         return [], ids
@@ -409,4 +404,4 @@ def split_reasoning(
     if end_index is None:
         return ids, []
     marker_length = matcher.matched_length()
-    return ids[: end_index + 1 - marker_length], ids[end_index + 1:]
+    return ids[: end_index + 1 - marker_length], ids[end_index + 1 :]

@@ -7,21 +7,28 @@ import io
 
 from rich.console import Console
 
-from selfspec.cli.demo import DEMO_MODEL, default_demo_prompt, run_demo
+from selfspec.cli.demo import DEMO_MODEL, run_demo
 from selfspec.testing.tiny import save_tiny_model_dir
 
 
 def test_demo_runs_baseline_and_ssr_with_identical_output(tmp_path):
     model_dir = save_tiny_model_dir(tmp_path / "m", "llama")
     out = io.StringIO()
-    run_demo(model=str(model_dir), prompt="Write a class.", console=Console(file=out, width=120),
-             cot_cap=16, answer_cap=12, draft_budget=6)
+    run_demo(
+        model=str(model_dir),
+        prompt="Write a class.",
+        console=Console(file=out, width=120),
+        cot_cap=16,
+        answer_cap=12,
+        draft_budget=6,
+    )
     text = out.getvalue()
     assert "identical output: yes" in text and "latency ratio SSR/baseline" in text
 
 
 def test_cli_default_model_is_the_demo_model():
     import inspect
+
     from selfspec.cli.main import demo
 
     assert inspect.signature(demo).parameters["model"].default.default == DEMO_MODEL

@@ -24,8 +24,20 @@ def _reply(output: str) -> str:
 
 @pytest.mark.parametrize("extra", [["--ssr"], ["--ssr", "--speculate-thinking"]], ids=["ssr", "ssr+think"])
 def test_generate_ssr_flags_give_the_plain_output(tiny_dir, extra):
-    common = ["generate", "def add(a, b):", "--model", str(tiny_dir), "--max-tokens", "40", "--think",
-              "--cot-cap", "20", "--answer-cap", "12", "--no-stream"]
+    common = [
+        "generate",
+        "def add(a, b):",
+        "--model",
+        str(tiny_dir),
+        "--max-tokens",
+        "40",
+        "--think",
+        "--cot-cap",
+        "20",
+        "--answer-cap",
+        "12",
+        "--no-stream",
+    ]
     plain = CliRunner().invoke(app, common)
     assert plain.exit_code == 0, plain.output
     fast = CliRunner().invoke(app, [*common, *extra, "--draft-budget", "5", "--max-draft", "20"])

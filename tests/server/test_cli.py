@@ -37,8 +37,20 @@ def test_every_option_has_help(cli):
         assert parameter.default.help, f"--{name} has no help text"
     result = CliRunner().invoke(cli, ["serve", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for flag in ("--model", "--host", "--port", "--num-slots", "--max-queue", "--request-timeout", "--api-key",
-                 "--ssr", "--draft-budget", "--cot-cap", "--answer-cap", "--reuse"):
+    for flag in (
+        "--model",
+        "--host",
+        "--port",
+        "--num-slots",
+        "--max-queue",
+        "--request-timeout",
+        "--api-key",
+        "--ssr",
+        "--draft-budget",
+        "--cot-cap",
+        "--answer-cap",
+        "--reuse",
+    ):
         assert flag in result.output
 
 
@@ -97,9 +109,28 @@ def free_port() -> int:
 def test_serve_process_end_to_end(tmp_path):
     """`python -m selfspec.server` with flags: key required, SSR on by default, clean exit."""
     port = free_port()
-    command = [sys.executable, "-m", "selfspec.server", "--model", "tiny", "--port", str(port), "--num-slots", "4",
-               "--api-key", "k3y", "--ssr", "--draft-budget", "4", "--cot-cap", "10", "--answer-cap", "8",
-               "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "selfspec.server",
+        "--model",
+        "tiny",
+        "--port",
+        str(port),
+        "--num-slots",
+        "4",
+        "--api-key",
+        "k3y",
+        "--ssr",
+        "--draft-budget",
+        "4",
+        "--cot-cap",
+        "10",
+        "--answer-cap",
+        "8",
+        "--log-level",
+        "warning",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log_path = tmp_path / "server.log"
     log = log_path.open("w")
@@ -119,7 +150,9 @@ def test_serve_process_end_to_end(tmp_path):
         assert httpx.get(url + "/v1/models").status_code == 401
         client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
         try:
-            out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=30)
+            out = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=30
+            )
         except openai.APIError as exc:
             pytest.fail(f"{exc}\nserver log:\n{log_path.read_text()}")
         assert out.usage.selfspec["mode"] == "ssr"

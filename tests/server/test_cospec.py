@@ -14,13 +14,13 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from selfspec.spec.cospec import Arbitrator, CoSpecConfig
-from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.server import BackgroundServer, RequestDefaults, ServerConfig, create_app
 from selfspec.server.cli import attach_cospec, load_llm, serve_command
+from selfspec.spec.cospec import Arbitrator, CoSpecConfig
+from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
 
 MODEL = "tiny"
 PROMPT = [{"role": "user", "content": "Count from 0 to 9."}]
@@ -64,7 +64,9 @@ def client(server):
 def library(served, checkpoint):
     """The same weights and checkpoint on an engine of its own."""
     llm, _ = served
-    ref = LLM.from_model(llm.model, llm.tokenizer, engine_config=EngineConfig(num_slots=4, max_len=256), name=MODEL, draft="layers:1")
+    ref = LLM.from_model(
+        llm.model, llm.tokenizer, engine_config=EngineConfig(num_slots=4, max_len=256), name=MODEL, draft="layers:1"
+    )
     return ref, load_arbitrator_for(ref, checkpoint)
 
 
@@ -76,8 +78,12 @@ def _chat(client, *, max_tokens: int = 32, **selfspec):
 
 def test_cospec_request_is_lossy_and_matches_the_library(client, library):
     ref, arbitrator = library
-    (expected,) = ref.generate(PROMPT, SamplingParams(max_tokens=32), thinking=False,
-                               spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator))
+    (expected,) = ref.generate(
+        PROMPT,
+        SamplingParams(max_tokens=32),
+        thinking=False,
+        spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator),
+    )
     out = _chat(client, cospec={"threshold": 0})
     usage = out.usage.selfspec
     assert usage["mode"] == "cospec" and usage["lossy"] is True
@@ -98,10 +104,16 @@ def test_plain_request_stays_lossless(client, library):
     assert never.usage.selfspec["lossy"] is True and never.usage.selfspec["kept_draft_tokens"] == 0
     assert never.choices[0].message.content == plain.text
     # `cospec: true` takes the server's defaults (threshold 0.6, K 4); streaming works too.
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=PROMPT, max_tokens=16, stream=True, stream_options={"include_usage": True},
-        extra_body={"selfspec": {"thinking": False, "cospec": True}},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=PROMPT,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"selfspec": {"thinking": False, "cospec": True}},
+        )
+    )
     usage = chunks[-1].usage.selfspec
     assert usage["mode"] == "cospec" and usage["lossy"] is True and usage["cospec_threshold"] == 0.6
 
@@ -124,7 +136,9 @@ def test_invalid_cospec_requests_are_400_and_the_server_keeps_serving(server, bo
     error = response.json()["error"]
     if param is not None:
         assert error["param"] == param, error
-    ok = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": PROMPT, "max_tokens": 4}, timeout=30)
+    ok = httpx.post(
+        server.url + "/v1/chat/completions", json={"model": MODEL, "messages": PROMPT, "max_tokens": 4}, timeout=30
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["selfspec"]["lossy"] is False
 
 
@@ -136,7 +150,12 @@ def test_server_without_arbitrator_refuses_cospec(served):
         response = httpx.post(srv.url + "/v1/chat/completions", json=payload, timeout=30)
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "cospec_unavailable"
-        assert httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=30).status_code == 200
+        assert (
+            httpx.post(
+                srv.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=30
+            ).status_code
+            == 200
+        )
     finally:
         srv.stop()
 

@@ -232,32 +232,100 @@ def build_cases() -> list[Case]:
         # Only JSON bodies: a page may send form / text POSTs cross-site without a preflight.
         Case("form content type", CHAT, js(chat_body()), headers={"content-type": "application/x-www-form-urlencoded"}),
         Case("text content type", COMPLETIONS, js(completion_body()), headers={"content-type": "text/plain"}),
-        Case("bogus authorization", CHAT, js(chat_body()), headers={"authorization": "Bearer " + "x" * 10000}, expect_client_error=False),
+        Case(
+            "bogus authorization",
+            CHAT,
+            js(chat_body()),
+            headers={"authorization": "Bearer " + "x" * 10000},
+            expect_client_error=False,
+        ),
         # Odd but valid: must work (2xx) or be refused politely, never crash.
-        Case("control characters", CHAT, js(chat_body(messages=[{"role": "user", "content": "\x00\x01\x1b[31m\u202e\ufeff"}])), expect_client_error=False),
-        Case("emoji and CJK", CHAT, js(chat_body(messages=[{"role": "user", "content": "😀 中文 🇫🇷"}])), expect_client_error=False),
+        Case(
+            "control characters",
+            CHAT,
+            js(chat_body(messages=[{"role": "user", "content": "\x00\x01\x1b[31m\u202e\ufeff"}])),
+            expect_client_error=False,
+        ),
+        Case(
+            "emoji and CJK",
+            CHAT,
+            js(chat_body(messages=[{"role": "user", "content": "😀 中文 🇫🇷"}])),
+            expect_client_error=False,
+        ),
         Case("stop = whole alphabet", CHAT, js(chat_body(stop=list("abcdefghijklmnop"))), expect_client_error=False),
-        Case("stream with bad tail", CHAT, js(chat_body(stream=True, max_tokens=4, stop=["\ufffd"])), expect_client_error=False),
+        Case(
+            "stream with bad tail",
+            CHAT,
+            js(chat_body(stream=True, max_tokens=4, stop=["\ufffd"])),
+            expect_client_error=False,
+        ),
         Case("tool role", CHAT, js(chat_body(messages=[{"role": "tool", "content": "42"}])), expect_client_error=False),
-        Case("assistant first", CHAT, js(chat_body(messages=[{"role": "assistant", "content": "hi"}])), expect_client_error=False),
-        Case("sampled with seed", CHAT, js(chat_body(temperature=1.7, top_p=0.3, top_k=3, min_p=0.2, seed=-(2**63))), expect_client_error=False),
+        Case(
+            "assistant first",
+            CHAT,
+            js(chat_body(messages=[{"role": "assistant", "content": "hi"}])),
+            expect_client_error=False,
+        ),
+        Case(
+            "sampled with seed",
+            CHAT,
+            js(chat_body(temperature=1.7, top_p=0.3, top_k=3, min_p=0.2, seed=-(2**63))),
+            expect_client_error=False,
+        ),
         Case("min_tokens = max_tokens", CHAT, js(chat_body(min_tokens=4, ignore_eos=True)), expect_client_error=False),
         Case("top_k -1 (vLLM off)", CHAT, js(chat_body(top_k=-1)), expect_client_error=False),
-        Case("ssr + thinking off", CHAT, js(chat_body(selfspec={"ssr": {"draft_budgets": [1]}, "thinking": False})), expect_client_error=False),
-        Case("ssr tiny budgets", CHAT, js(chat_body(max_tokens=40, selfspec={"ssr": {"draft_interval": 1}, "cot_cap": 6})), expect_client_error=False),
-        Case("fixed length", CHAT, js(chat_body(max_tokens=20, selfspec={"fixed_length": True, "cot_cap": 3, "answer_cap": 3})), expect_client_error=False),
-        Case("speculation suffix global", CHAT, js(chat_body(selfspec={"speculation": {"sources": ["global"]}})), expect_client_error=False),
-        Case("max_tokens = context room", COMPLETIONS, js(completion_body(prompt=[5], max_tokens=511)), expect_client_error=False),
-        Case("prompt fills the context", COMPLETIONS, js(completion_body(prompt=[5] * 511, max_tokens=1)), expect_client_error=False),
+        Case(
+            "ssr + thinking off",
+            CHAT,
+            js(chat_body(selfspec={"ssr": {"draft_budgets": [1]}, "thinking": False})),
+            expect_client_error=False,
+        ),
+        Case(
+            "ssr tiny budgets",
+            CHAT,
+            js(chat_body(max_tokens=40, selfspec={"ssr": {"draft_interval": 1}, "cot_cap": 6})),
+            expect_client_error=False,
+        ),
+        Case(
+            "fixed length",
+            CHAT,
+            js(chat_body(max_tokens=20, selfspec={"fixed_length": True, "cot_cap": 3, "answer_cap": 3})),
+            expect_client_error=False,
+        ),
+        Case(
+            "speculation suffix global",
+            CHAT,
+            js(chat_body(selfspec={"speculation": {"sources": ["global"]}})),
+            expect_client_error=False,
+        ),
+        Case(
+            "max_tokens = context room",
+            COMPLETIONS,
+            js(completion_body(prompt=[5], max_tokens=511)),
+            expect_client_error=False,
+        ),
+        Case(
+            "prompt fills the context",
+            COMPLETIONS,
+            js(completion_body(prompt=[5] * 511, max_tokens=1)),
+            expect_client_error=False,
+        ),
         Case("prompt one over", COMPLETIONS, js(completion_body(prompt=[5] * 512, max_tokens=1)), param="prompt"),
-        Case("special tokens in prompt", COMPLETIONS, js(completion_body(prompt="<|im_end|><think></think><pad>")), expect_client_error=False),
+        Case(
+            "special tokens in prompt",
+            COMPLETIONS,
+            js(completion_body(prompt="<|im_end|><think></think><pad>")),
+            expect_client_error=False,
+        ),
     ]
     return cases
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = BackgroundServer(create_app(load_llm(MODEL, num_slots=4, max_len=512), ServerConfig(served_model_names=[MODEL]))).start()
+    srv = BackgroundServer(
+        create_app(load_llm(MODEL, num_slots=4, max_len=512), ServerConfig(served_model_names=[MODEL]))
+    ).start()
     yield srv
     srv.stop()
 
@@ -276,7 +344,11 @@ def test_hostile_requests_never_get_a_5xx(server):
 
     server_errors = [(c.name, r.status_code, r.text[:200]) for c, r in zip(cases, responses) if r.status_code >= 500]
     assert server_errors == []
-    not_rejected = [(c.name, r.status_code) for c, r in zip(cases, responses) if c.expect_client_error and not 400 <= r.status_code < 500]
+    not_rejected = [
+        (c.name, r.status_code)
+        for c, r in zip(cases, responses)
+        if c.expect_client_error and not 400 <= r.status_code < 500
+    ]
     assert not_rejected == []
     for case, response in zip(cases, responses):
         if 400 <= response.status_code < 500:

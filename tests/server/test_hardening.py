@@ -53,7 +53,14 @@ def test_a_visible_stop_string_ends_generation_with_reason_stop(served, server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     free = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=24, temperature=0)
     text = free.choices[0].text
-    stop = next((text[k : k + 3] for k in range(4, len(text) - 3) if text[k : k + 3].strip() and text[k : k + 3] not in text[:k]), None)
+    stop = next(
+        (
+            text[k : k + 3]
+            for k in range(4, len(text) - 3)
+            if text[k : k + 3].strip() and text[k : k + 3] not in text[:k]
+        ),
+        None,
+    )
     assert stop is not None, text
     cut = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=24, temperature=0, stop=[stop])
     assert cut.choices[0].finish_reason == "stop"
@@ -80,7 +87,10 @@ def test_serve_refuses_a_nan_temperature_at_start_up():
 def test_a_client_that_hangs_up_mid_body_costs_one_log_line_and_a_counter(served, caplog):
     app = create_app(served, ServerConfig(served_model_names=[MODEL]))
     state = app.state.selfspec
-    messages = [{"type": "http.request", "body": b'{"model": "tiny", "mess', "more_body": True}, {"type": "http.disconnect"}]
+    messages = [
+        {"type": "http.request", "body": b'{"model": "tiny", "mess', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
     sent: list[dict] = []
 
     async def receive():
@@ -90,10 +100,17 @@ def test_a_client_that_hangs_up_mid_body_costs_one_log_line_and_a_counter(served
         sent.append(message)
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
         "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
-        "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
     }
     with caplog.at_level(logging.INFO, logger="selfspec.server"):
         asyncio.run(app(scope, receive, send))
@@ -117,20 +134,29 @@ def test_api_key_covers_every_route_but_health(served):
             for path in ("/docs", "/openapi.json", "/metrics", "/v1/models", f"/v1/models/{MODEL}"):
                 assert http.get(path).status_code == 401, path
                 assert http.get(path, headers={"Authorization": "Bearer s3cret"}).status_code == 200, path
-            assert http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 401
+            assert (
+                http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 401
+            )
             assert http.get("/health").status_code == 200
     finally:
         srv.stop()
 
 
-@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data", None])
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data", None]
+)
 def test_posts_must_be_json(server, content_type):
     headers = {} if content_type is None else {"content-type": content_type}
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
     response = httpx.post(server.url + "/v1/completions", content=body, headers=headers, timeout=30)
     assert response.status_code == 415
     assert response.json()["error"]["code"] == "unsupported_media_type"
-    ok = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json; charset=utf-8"}, timeout=30)
+    ok = httpx.post(
+        server.url + "/v1/completions",
+        content=body,
+        headers={"content-type": "application/json; charset=utf-8"},
+        timeout=30,
+    )
     assert ok.status_code == 200
 
 

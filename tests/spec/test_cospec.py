@@ -8,9 +8,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from selfspec.config import DraftModelConfig
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.policy import Proposal
+from selfspec.engine.sampling import SamplingParams
+from selfspec.llm import LLM
 from selfspec.spec.cospec import ArbitrationState, Arbitrator, CoSpecConfig, build_batch, hybrid_mask, hybrid_positions
-from selfspec.spec.cospec.checkpoint import load_arbitrator, load_arbitrator_for, read_checkpoint_config, save_arbitrator
+from selfspec.spec.cospec.checkpoint import (
+    load_arbitrator,
+    load_arbitrator_for,
+    read_checkpoint_config,
+    save_arbitrator,
+)
 from selfspec.spec.cospec.policy import CoSpecPolicy
+from selfspec.spec.draft_model import shallow_draft
+from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 from selfspec_research.cospec.training import (
     PPOSettings,
     bce_loss,
@@ -24,13 +36,6 @@ from selfspec_research.cospec.training import (
     sft_step,
     toy_reward,
 )
-from selfspec.engine.config import EngineConfig
-from selfspec.engine.sampling import SamplingParams
-from selfspec.llm import LLM
-from selfspec.config import DraftModelConfig
-from selfspec.spec.draft_model import shallow_draft
-from selfspec.engine.policy import Proposal
-from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 PROMPTS = ["What is 12 + 30?", "Write a counter class", "Route from A to B", "hello", "def add(a, b):"]
 
@@ -192,7 +197,9 @@ def test_checkpoint_files_and_identical_head_outputs(llm, arbitrator, tmp_path):
     import json
 
     trained = _trained_copy(llm)
-    path = save_arbitrator(trained, tmp_path / "arb", draft="layers:1", target="tiny-target", training={"data_seeds": [7]})
+    path = save_arbitrator(
+        trained, tmp_path / "arb", draft="layers:1", target="tiny-target", training={"data_seeds": [7]}
+    )
     names = {p.name for p in path.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "head.safetensors", "arbitrator.json"} <= names
     config = read_checkpoint_config(path)
@@ -236,7 +243,11 @@ def test_load_for_an_llm_attaches_the_recorded_draft(llm, tok, tmp_path):
     assert fresh.draft_spec == "layers:1" and len(fresh.draft_runner.model.model.layers) == 1
     state = ArbitrationState(prefix=(10, 11, 12), draft_block=(20, 21), target_block=(30, 31, 32))
     torch.testing.assert_close(restored.keep_probability([state]), trained.keep_probability([state]), rtol=0, atol=0)
-    out = fresh.generate(PROMPTS[:2], SamplingParams(max_tokens=12), spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.5, arbitrator=restored))
+    out = fresh.generate(
+        PROMPTS[:2],
+        SamplingParams(max_tokens=12),
+        spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.5, arbitrator=restored),
+    )
     assert all(o.metrics["lossy"] is True for o in out)
 
 
@@ -277,7 +288,12 @@ def _verify(policy: CoSpecPolicy, draft: list[int], targets: list[int]):
 def test_arbitrated_verification_rule(probability, threshold, max_arbitrations, expected, kept):
     arbitrator = _FixedArbitrator(probability)
     policy = CoSpecPolicy(
-        None, thinking=False, proposer=None, arbitrator=arbitrator, threshold=threshold, max_arbitrations=max_arbitrations
+        None,
+        thinking=False,
+        proposer=None,
+        arbitrator=arbitrator,
+        threshold=threshold,
+        max_arbitrations=max_arbitrations,
     )
     draft, targets = [4, 5, 6, 7], [4, 8, 6, 9, 11]
     result = _verify(policy, draft, targets)
@@ -287,7 +303,10 @@ def test_arbitrated_verification_rule(probability, threshold, max_arbitrations, 
     report = policy.report()
     assert report.pop("arbitration_s") >= 0.0  # wall time in the arbitrator, in every speed figure
     assert report == {
-        "lossy": True, "cospec_threshold": threshold, "arbitrations": len(arbitrator.calls), "kept_draft_tokens": kept,
+        "lossy": True,
+        "cospec_threshold": threshold,
+        "arbitrations": len(arbitrator.calls),
+        "kept_draft_tokens": kept,
     }
 
 
@@ -297,7 +316,9 @@ def test_arbitrated_verification_rule(probability, threshold, max_arbitrations, 
 def test_threshold_above_one_is_plain_greedy(llm, arbitrator):
     params = SamplingParams(max_tokens=40)
     base = llm.generate(PROMPTS, params)
-    out = llm.generate(PROMPTS, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=1.01, arbitrator=arbitrator))
+    out = llm.generate(
+        PROMPTS, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=1.01, arbitrator=arbitrator)
+    )
     for o, b in zip(out, base):
         assert o.token_ids == b.token_ids
         assert o.metrics["lossy"] is True and o.metrics["kept_draft_tokens"] == 0
@@ -308,7 +329,9 @@ def test_threshold_above_one_is_plain_greedy(llm, arbitrator):
 def test_threshold_zero_keeps_every_arbitrated_token_and_beats_sps(llm, arbitrator):
     params = SamplingParams(max_tokens=40)
     sps = llm.generate(PROMPTS, params, spec=DraftModelConfig(num_speculative_tokens=4))
-    out = llm.generate(PROMPTS, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator))
+    out = llm.generate(
+        PROMPTS, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator)
+    )
     kept = sum(o.metrics["kept_draft_tokens"] for o in out)
     assert kept > 0 and kept == sum(o.metrics["arbitrations"] for o in out)
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
+from selfspec.config import DraftModelConfig
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.config import DraftModelConfig
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.draft_model import shallow_draft
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.thinking.policy import ThinkingLimits
 
 PROMPTS = ["What is 12 + 30?", "Write a counter class", "Route from A to B", "hello", "def add(a, b):"]
 
@@ -64,7 +64,9 @@ def test_sps_greedy_is_token_identical(tok, draft_kind):
 
 
 def test_sps_needs_a_draft_model(tok):
-    llm = LLM.from_model(tiny_model("qwen3", len(tok), seed=4), tok, engine_config=EngineConfig(num_slots=2, max_len=64))
+    llm = LLM.from_model(
+        tiny_model("qwen3", len(tok), seed=4), tok, engine_config=EngineConfig(num_slots=2, max_len=64)
+    )
     with pytest.raises(ValueError, match="draft model"):
         llm.submit("hi", SamplingParams(max_tokens=4), spec=DraftModelConfig())
     with pytest.raises(ValueError, match="vocabulary"):
@@ -79,9 +81,17 @@ def test_sps_sampling_preserves_the_distribution():
     with torch.inference_mode():
         ids = torch.tensor([prompt] * n)
         ref = target.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=3, min_new_tokens=3,
-            top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0,
-        )[:, len(prompt):].numpy()
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            max_new_tokens=3,
+            min_new_tokens=3,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[:, len(prompt) :].numpy()
     llm = LLM.from_model(target, None, engine_config=EngineConfig(num_slots=256, max_len=16), draft="layers:1")
     spec = DraftModelConfig(num_speculative_tokens=3)
     outs, accepted = [], 0

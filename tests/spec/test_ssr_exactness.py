@@ -13,13 +13,13 @@ import dataclasses
 import pytest
 import torch
 
+from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.thinking.policy import ThinkingLimits
 
 PROMPTS = [
     "What is 12 + 30?",
@@ -41,11 +41,18 @@ MODES = {
     "prefix+suffix": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d),
     "prefix+suffix-no-backoff": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_backoff_max=0),
     "iterative": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d),
-    "think-speculation": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, speculate_thinking=True,
-                                                suffix_sources=["draft", "prompt", "output"]),
-    "iterative-think": lambda b, d: SSRConfig(draft_interval=max(2, b // 2), max_draft_len=d, speculate_thinking=True,
-                                              suffix_sources=["draft", "prompt", "output"]),
-    "all-sources": lambda b, d: SSRConfig(draft_budgets=[b], max_draft_len=d, suffix_sources=["draft", "prompt", "output", "global"]),
+    "think-speculation": lambda b, d: SSRConfig(
+        draft_budgets=[b], max_draft_len=d, speculate_thinking=True, suffix_sources=["draft", "prompt", "output"]
+    ),
+    "iterative-think": lambda b, d: SSRConfig(
+        draft_interval=max(2, b // 2),
+        max_draft_len=d,
+        speculate_thinking=True,
+        suffix_sources=["draft", "prompt", "output"],
+    ),
+    "all-sources": lambda b, d: SSRConfig(
+        draft_budgets=[b], max_draft_len=d, suffix_sources=["draft", "prompt", "output", "global"]
+    ),
     "suffix-decoding": lambda b, d: SuffixDecodingConfig(),
     "suffix-global": lambda b, d: SuffixDecodingConfig(sources=["prompt", "output", "global"]),
     "prompt-lookup": lambda b, d: PromptLookupConfig(),
@@ -114,7 +121,9 @@ def test_answer_longer_than_draft(which, random_llm, bigram_llm):
         assert all(m["forwards"] < b.metrics["forwards"] for m, b in zip(metrics["prefix+suffix"], base))
         # Thinking-phase speculation verifies CoT proposals too, and saves forwards on top.
         assert all(m["thinking_verify_steps"] > 0 for m in metrics["think-speculation"])
-        assert sum(m["forwards"] for m in metrics["think-speculation"]) < sum(m["forwards"] for m in metrics["prefix+suffix"])
+        assert sum(m["forwards"] for m in metrics["think-speculation"]) < sum(
+            m["forwards"] for m in metrics["prefix+suffix"]
+        )
 
 
 def _natural_format(llm: LLM, end_token: int):
@@ -184,8 +193,24 @@ def test_ssr_and_plain_requests_share_a_batch(random_llm):
     limits = ThinkingLimits(cot_cap=24, answer_cap=20, fixed_length=True)
     params = SamplingParams(max_tokens=100)
     base = llm.generate(PROMPTS[:6], params, limits=limits, thinking=True)
-    specs = [None, SSRConfig(draft_budgets=[8]), SuffixDecodingConfig(), SSRConfig(draft_interval=5), None, PromptLookupConfig()]
-    seqs = [llm.submit(p, SamplingParams(max_tokens=100), spec=s, limits=ThinkingLimits(cot_cap=24, answer_cap=20, fixed_length=True), thinking=True) for p, s in zip(PROMPTS[:6], specs)]
+    specs = [
+        None,
+        SSRConfig(draft_budgets=[8]),
+        SuffixDecodingConfig(),
+        SSRConfig(draft_interval=5),
+        None,
+        PromptLookupConfig(),
+    ]
+    seqs = [
+        llm.submit(
+            p,
+            SamplingParams(max_tokens=100),
+            spec=s,
+            limits=ThinkingLimits(cot_cap=24, answer_cap=20, fixed_length=True),
+            thinking=True,
+        )
+        for p, s in zip(PROMPTS[:6], specs)
+    ]
     llm.run_until_done(seqs)
     for s, b in zip(seqs, base):
         assert llm.result(s).token_ids == b.token_ids
@@ -196,8 +221,18 @@ def test_cancelling_an_ssr_request_frees_its_slots(random_llm):
     engine = llm.engine
     limits = ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True)
     (ref,) = llm.generate(PROMPTS[3], SamplingParams(max_tokens=100), limits=limits, thinking=True)
-    ssr = llm.submit(PROMPTS[0], SamplingParams(max_tokens=100), spec=SSRConfig(draft_interval=4), limits=ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True))
-    plain = llm.submit(PROMPTS[3], SamplingParams(max_tokens=100), limits=ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True), thinking=True)
+    ssr = llm.submit(
+        PROMPTS[0],
+        SamplingParams(max_tokens=100),
+        spec=SSRConfig(draft_interval=4),
+        limits=ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True),
+    )
+    plain = llm.submit(
+        PROMPTS[3],
+        SamplingParams(max_tokens=100),
+        limits=ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True),
+        thinking=True,
+    )
     while not any(not c.is_finished for c in ssr.children):
         engine.step()
     assert engine.scheduler.slots.num_used == 3
@@ -216,8 +251,13 @@ def test_suffix_backoff_cuts_failed_verifies_not_tokens(random_llm):
     params = SamplingParams(max_tokens=1000)
     runs = {}
     for cap in (0, 16):
-        spec = SSRConfig(draft_budgets=[5], max_draft_len=80, reuse="suffix", suffix_backoff_max=cap,
-                         suffix_sources=["draft", "output"])
+        spec = SSRConfig(
+            draft_budgets=[5],
+            max_draft_len=80,
+            reuse="suffix",
+            suffix_backoff_max=cap,
+            suffix_sources=["draft", "output"],
+        )
         runs[cap] = llm.generate(PROMPTS[:4], params, limits=limits, spec=spec)
     for a, b in zip(runs[0], runs[16]):
         assert a.token_ids == b.token_ids

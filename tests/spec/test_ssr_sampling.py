@@ -17,10 +17,10 @@ from scipy.stats import chi2_contingency
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.thinking.format import ThinkingFormat
-from selfspec.thinking.policy import ThinkingLimits
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model
+from selfspec.thinking.format import ThinkingFormat
+from selfspec.thinking.policy import ThinkingLimits
 
 VOCAB = 6
 CLOSE = 5  # the end-of-thinking token of this toy format
@@ -42,29 +42,60 @@ def reference_answers(model):
     prompts = torch.tensor([PROMPT] * N)
     with torch.inference_mode():
         cot = model.generate(
-            prompts, attention_mask=torch.ones_like(prompts), do_sample=True, max_new_tokens=COT, min_new_tokens=COT,
-            top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0,
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=True,
+            max_new_tokens=COT,
+            min_new_tokens=COT,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            eos_token_id=None,
+            pad_token_id=0,
         )
         closed = torch.cat([cot, torch.full((N, 1), CLOSE)], dim=1)
         full = model.generate(
-            closed, attention_mask=torch.ones_like(closed), do_sample=True, max_new_tokens=ANSWER, min_new_tokens=ANSWER,
-            top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0,
+            closed,
+            attention_mask=torch.ones_like(closed),
+            do_sample=True,
+            max_new_tokens=ANSWER,
+            min_new_tokens=ANSWER,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            eos_token_id=None,
+            pad_token_id=0,
         )
     return full[:, closed.shape[1] :].numpy(), full[:, len(PROMPT) : len(PROMPT) + COT].numpy()
 
 
 def _toy_format() -> ThinkingFormat:
     return ThinkingFormat(
-        kind="native", start_marker="<t>", end_marker="</t>", start_ids=(4,), end_ids=(CLOSE,),
-        close_ids=(CLOSE,), end_variants=((CLOSE,),), template_opens_thinking=False,
+        kind="native",
+        start_marker="<t>",
+        end_marker="</t>",
+        start_ids=(4,),
+        end_ids=(CLOSE,),
+        close_ids=(CLOSE,),
+        end_variants=((CLOSE,),),
+        template_opens_thinking=False,
         template_takes_enable_thinking=False,
     )
 
 
-def _ssr_answers(model, use_draft_probs: bool, speculate_thinking: bool = False) -> tuple[np.ndarray, np.ndarray, float, float]:
-    llm = LLM.from_model(model, None, engine_config=EngineConfig(num_slots=512, max_len=32), thinking_format=_toy_format())
-    spec = SSRConfig(draft_budgets=[1], max_draft_len=6, reuse="prefix+suffix", use_draft_probs=use_draft_probs,
-                     speculate_thinking=speculate_thinking)
+def _ssr_answers(
+    model, use_draft_probs: bool, speculate_thinking: bool = False
+) -> tuple[np.ndarray, np.ndarray, float, float]:
+    llm = LLM.from_model(
+        model, None, engine_config=EngineConfig(num_slots=512, max_len=32), thinking_format=_toy_format()
+    )
+    spec = SSRConfig(
+        draft_budgets=[1],
+        max_draft_len=6,
+        reuse="prefix+suffix",
+        use_draft_probs=use_draft_probs,
+        speculate_thinking=speculate_thinking,
+    )
     answers, cots, accepted, thinking_verifies = [], [], 0, 0
     batch = 256
     for start in range(0, N, batch):
@@ -95,7 +126,8 @@ def _same_distribution(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(
-    "use_draft_probs,speculate_thinking", [(False, False), (True, False), (False, True)],
+    "use_draft_probs,speculate_thinking",
+    [(False, False), (True, False), (False, True)],
     ids=["deterministic", "draft-probs", "deterministic+thinking-speculation"],
 )
 def test_ssr_sampling_matches_plain_sampling(model, reference_answers, use_draft_probs, speculate_thinking):

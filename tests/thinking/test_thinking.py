@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from selfspec.testing.tiny import tiny_tokenizer
 from selfspec.thinking.format import (
     EndOfThinkingMatcher,
     ThinkingFormat,
@@ -11,7 +12,6 @@ from selfspec.thinking.format import (
     generation_starts_in_thinking,
     split_reasoning,
 )
-from selfspec.testing.tiny import tiny_tokenizer
 
 # DeepSeek-R1's template ends the generation prompt inside a thinking block.
 R1_STYLE_TEMPLATE = (
@@ -147,8 +147,15 @@ def test_build_prompt_ids_raw_without_template():
     # Messages (what benchmarks and the server send) become plain text for a base model.
     one = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "the answer"}]
     assert tokenizer.decode(build_prompt_ids(tokenizer, one, fmt, enable_thinking=False)) == "Be brief.\n\nthe answer"
-    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "sum?"}]
-    assert tokenizer.decode(build_prompt_ids(tokenizer, chat, fmt)) == "User: hi\n\nAssistant: hello\n\nUser: sum?\n\nAssistant:\n<think>\n"
+    chat = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "sum?"},
+    ]
+    assert (
+        tokenizer.decode(build_prompt_ids(tokenizer, chat, fmt))
+        == "User: hi\n\nAssistant: hello\n\nUser: sum?\n\nAssistant:\n<think>\n"
+    )
     with pytest.raises(ValueError, match="unknown role"):
         build_prompt_ids(tokenizer, [{"role": "wizard", "content": "x"}], fmt)
 

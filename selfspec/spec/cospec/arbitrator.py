@@ -147,7 +147,9 @@ def state_tokens(state: ArbitrationState, width: int | None = None) -> list[int]
     return tokens + [0] * (width - len(tokens)) if width is not None else tokens
 
 
-def build_batch(states: Sequence[ArbitrationState], device: torch.device | str = "cpu", *, width: int | None = None) -> ArbitratorBatch:
+def build_batch(
+    states: Sequence[ArbitrationState], device: torch.device | str = "cpu", *, width: int | None = None
+) -> ArbitratorBatch:
     """Stack states; padding keys are invisible and padding queries see only themselves.
 
     `width` pads further; it must fit every state. The layout is built on `device`
@@ -194,7 +196,11 @@ class Arbitrator(torch.nn.Module):
         # its own (LoRA-wrapped) modules, or an adapter on a fused projection would be bypassed.
         strip_fusion(backbone)
         backbone.requires_grad_(False)
-        hidden = int(draft.config.get_text_config().hidden_size if hasattr(draft.config, "get_text_config") else draft.config.hidden_size)
+        hidden = int(
+            draft.config.get_text_config().hidden_size
+            if hasattr(draft.config, "get_text_config")
+            else draft.config.hidden_size
+        )
         dtype = next(backbone.parameters()).dtype
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

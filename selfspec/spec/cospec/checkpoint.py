@@ -93,7 +93,10 @@ def save_arbitrator(
     target_dir.mkdir(parents=True, exist_ok=True)
     known = getattr(arbitrator, "identity", {}) or {}
     lora = arbitrator.lora_settings
-    adapter = {name: tensor.detach().cpu().contiguous() for name, tensor in get_peft_model_state_dict(arbitrator.backbone).items()}
+    adapter = {
+        name: tensor.detach().cpu().contiguous()
+        for name, tensor in get_peft_model_state_dict(arbitrator.backbone).items()
+    }
     save_file(adapter, str(target_dir / ADAPTER_FILE))
     peft_config = arbitrator.backbone.peft_config["default"]
     peft_config.save_pretrained(str(target_dir))
@@ -157,7 +160,9 @@ def load_arbitrator(
     for key in ("draft_layers", "hidden_size", "vocab_size"):
         recorded, actual = getattr(config, key), shape[key]
         if recorded is not None and actual is not None and recorded != actual:
-            raise ValueError(f"arbitrator checkpoint {source} was trained on a draft with {key}={recorded}, this draft has {actual}")
+            raise ValueError(
+                f"arbitrator checkpoint {source} was trained on a draft with {key}={recorded}, this draft has {actual}"
+            )
     for key, given in (("draft", draft), ("target", target)):
         recorded = getattr(config, key)
         if given is not None and recorded is not None and given != recorded:
@@ -169,7 +174,9 @@ def load_arbitrator(
     unexpected = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
     missing = [key for key in getattr(result, "missing_keys", []) if "lora_" in key]
     if unexpected or missing:
-        raise ValueError(f"arbitrator checkpoint {source} does not match this draft: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise ValueError(
+            f"arbitrator checkpoint {source} does not match this draft: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     head = load_file(str(source / HEAD_FILE), device=str(device))
     arbitrator.head.load_state_dict(head, strict=True)
     arbitrator.identity = {"draft": config.draft, "target": config.target, "training": dict(config.training)}

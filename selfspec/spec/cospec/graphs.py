@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from selfspec.spec.cospec.arbitrator import ArbitrationState, ArbitratorBatch, hybrid_layout, state_tokens
 from selfspec.engine.static_forward import capture_graph
+from selfspec.spec.cospec.arbitrator import ArbitrationState, ArbitratorBatch, hybrid_layout, state_tokens
 
 if TYPE_CHECKING:
     from selfspec.spec.cospec.arbitrator import Arbitrator
@@ -56,7 +56,9 @@ class _Captured:
 class ArbitratorGraphs:
     """Per-bucket static buffers and graphs for one arbitrator (module doc)."""
 
-    def __init__(self, arbitrator: "Arbitrator", *, capture: bool | None = None, buckets: tuple[int, ...] = WIDTH_BUCKETS) -> None:
+    def __init__(
+        self, arbitrator: "Arbitrator", *, capture: bool | None = None, buckets: tuple[int, ...] = WIDTH_BUCKETS
+    ) -> None:
         self._arbitrator = weakref.ref(arbitrator)
         self.device = arbitrator.head.weight.device
         self.capture = self.device.type == "cuda" if capture is None else capture

@@ -96,7 +96,9 @@ class CoSpecConfig(MethodConfig):
         if self.sample_seed is not None and self.arbitrator is None:
             raise ValueError("sampled CoSpec decisions (sample_seed) need an arbitrator")
         if self.arbitrator is not None and not isinstance(self.arbitrator, Arbitrator):
-            raise TypeError(f"arbitrator must be a selfspec.spec.cospec.Arbitrator, got {type(self.arbitrator).__name__}")
+            raise TypeError(
+                f"arbitrator must be a selfspec.spec.cospec.Arbitrator, got {type(self.arbitrator).__name__}"
+            )
         proposer = DraftModelProposer(ctx.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
         graphs = self.arbitrator.cuda_graphs() if self.arbitrator is not None else None
         if graphs is not None:
@@ -147,9 +149,7 @@ class CoSpecPolicy(ThinkingPolicy):
         self.kept_draft_tokens = 0
         self.arbitration_seconds = 0.0
 
-    def verify(
-        self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal
-    ) -> VerifyResult:
+    def verify(self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
         targets = logits.argmax(dim=-1).tolist()  # the one host sync of exact greedy verification
         draft = proposal.tokens
         accepted = arbitrated = 0
@@ -163,7 +163,9 @@ class CoSpecPolicy(ThinkingPolicy):
             accepted += 1
         return VerifyResult(num_accepted=accepted, next_token=int(targets[accepted]))
 
-    def _keep(self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None) -> bool:
+    def _keep(
+        self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None
+    ) -> bool:
         context = seq.token_ids + draft[:j]  # the engine appends the proposal only after verify
         state = ArbitrationState(
             prefix=tuple(context[-self.max_prefix_tokens :]),

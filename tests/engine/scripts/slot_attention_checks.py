@@ -46,7 +46,9 @@ def check_kernel() -> None:
         packed[4, :, 0] = torch.tensor([4, 1, 2][:b])
         slots = packed[4, :, 0]
         pos = torch.randint(0, keys, (b, t), generator=g)
-        out = slot_attention(q, kc, vc, slots, pos, scale=1 / math.sqrt(d), key_length=keys, sliding_window=window or None)
+        out = slot_attention(
+            q, kc, vc, slots, pos, scale=1 / math.sqrt(d), key_length=keys, sliding_window=window or None
+        )
         ref = reference(q, kc, vc, slots, pos, 1 / math.sqrt(d), window)
         err = float((out.double() - ref).norm() / ref.norm())
         assert out.shape == (b, t, hq, d) and out.is_contiguous()
@@ -72,8 +74,12 @@ def check_key_bucket_invariance() -> None:
     for window in (0, 300):
         pos = torch.tensor([[1022, 1023, 700]])
         q = torch.randn(1, 3, hq, d, generator=g).bfloat16().transpose(1, 2)
-        outs = [slot_attention(q, kc, vc, slots, pos, scale=1 / math.sqrt(d), key_length=keys, sliding_window=window or None)
-                for keys in (1024, 2048, 4096)]
+        outs = [
+            slot_attention(
+                q, kc, vc, slots, pos, scale=1 / math.sqrt(d), key_length=keys, sliding_window=window or None
+            )
+            for keys in (1024, 2048, 4096)
+        ]
         for keys, out in zip((2048, 4096), outs[1:]):
             assert torch.equal(out, outs[0]), (window, keys, (out.float() - outs[0].float()).abs().max())
 
@@ -93,11 +99,24 @@ def check_engine() -> None:
         for p in prompts:
             ids = torch.tensor([p])
             with torch.inference_mode():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
-                                     do_sample=False, eos_token_id=None, pad_token_id=0)
-            refs.append(out[0, len(p):].tolist())
-        cfg = EngineConfig(num_slots=4, max_len=128, static_shapes=True, slot_attention=True, prefill_chunk=16,
-                           graph_buckets=GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=16))
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=24,
+                    min_new_tokens=24,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            refs.append(out[0, len(p) :].tolist())
+        cfg = EngineConfig(
+            num_slots=4,
+            max_len=128,
+            static_shapes=True,
+            slot_attention=True,
+            prefill_chunk=16,
+            graph_buckets=GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=16),
+        )
         engine = Engine(model, None, cfg, eos_token_ids=[])
         assert engine.runner.slot_attention, "slot attention was not enabled"
         seqs = [engine.add_request(p, SamplingParams(max_tokens=24, ignore_eos=True)) for p in prompts]
@@ -106,9 +125,18 @@ def check_engine() -> None:
         for s, ref in zip(seqs, refs):
             assert s.output_ids == ref, (family, s.output_ids, ref)
         # transformers' own path is untouched on the same model object
-        assert refs[0] == model.generate(torch.tensor([prompts[0]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
-                                         max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None,
-                                         pad_token_id=0)[0, 3:].tolist()
+        assert (
+            refs[0]
+            == model.generate(
+                torch.tensor([prompts[0]]),
+                attention_mask=torch.ones(1, 3, dtype=torch.long),
+                max_new_tokens=24,
+                min_new_tokens=24,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, 3:].tolist()
+        )
     check_ssr()
     print("engine ok")
 
@@ -119,17 +147,22 @@ def check_ssr() -> None:
     from selfspec.engine.sampling import SamplingParams
     from selfspec.engine.static_forward import GraphBuckets
     from selfspec.llm import LLM
-    from selfspec.thinking.policy import ThinkingLimits
     from selfspec.spec.ssr import SSRConfig
     from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+    from selfspec.thinking.policy import ThinkingLimits
 
     tok = tiny_tokenizer()
     model = tiny_model("qwen3", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
     with torch.no_grad():
         for layer in model.model.layers:  # bigram model: drafts match, acceptance paths run
             layer.self_attn.o_proj.weight.zero_()
-    cfg = EngineConfig(num_slots=8, max_len=256, static_shapes=True, slot_attention=True,
-                       graph_buckets=GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8, 16, 32, 64), min_keys=16))
+    cfg = EngineConfig(
+        num_slots=8,
+        max_len=256,
+        static_shapes=True,
+        slot_attention=True,
+        graph_buckets=GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8, 16, 32, 64), min_keys=16),
+    )
     llm = LLM.from_model(model, tok, engine_config=cfg)
     assert llm.engine.runner.slot_attention
     limits = ThinkingLimits(cot_cap=30, answer_cap=20, fixed_length=True)
