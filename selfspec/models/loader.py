@@ -319,7 +319,12 @@ class _LoadOptions:
 
 def _load_adapter_model(entry: ModelEntry, options: _LoadOptions, depth: int) -> LoadedModel:
     """Load `entry.base` in float32 on CPU, merge the LoRA adapter, then cast and move."""
-    from peft import PeftModel
+    try:
+        from peft import PeftModel  # the [lora] extra, needed only by models that ship as adapters
+    except ImportError:
+        raise ModelNotFoundError(
+            f"model {entry.name!r} ships as a LoRA adapter, which needs peft: pip install 'selfspec[lora]'"
+        ) from None
 
     started = time.perf_counter()
     assert entry.base is not None and entry.adapter_dir is not None

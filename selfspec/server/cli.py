@@ -271,9 +271,16 @@ def serve_command(
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, streaming, /metrics)."""
-    import uvicorn
+    try:
+        import uvicorn
 
-    from selfspec.server.app import create_app
+        from selfspec.server.app import create_app
+    except ImportError as exc:  # the [server] extra is optional: say how to get it, not a traceback
+        typer.echo(
+            f"error: the server needs the [server] extra ({exc.name} is missing): pip install 'selfspec[server]'",
+            err=True,
+        )
+        raise typer.Exit(code=2) from None
     from selfspec.server.config import ServerConfig
 
     try:
