@@ -36,7 +36,10 @@ def main(
     repeats: int = typer.Option(2, min=1, help="Timed runs per variant (interleaved)."),
     device: str = typer.Option("cpu"),
     dtype: str = typer.Option("float32"),
-    out: Path = typer.Option(Path("/tmp/draft_batching"), help="Directory for results.json and report.md (committed run: benchmarks/engine_speed/records/cpu/)."),
+    out: Path = typer.Option(
+        Path("/tmp/draft_batching"),
+        help="Directory for results.json and report.md (committed run: benchmarks/engine_speed/records/cpu/).",
+    ),
 ) -> None:
     from selfspec.config import DraftModelConfig
     from selfspec.engine.sampling import SamplingParams
@@ -61,24 +64,33 @@ def main(
                 start = time.perf_counter()
                 results = llm.generate(messages, params, spec=spec)
                 seconds = time.perf_counter() - start
-                runs[name].append({
-                    "seconds": round(seconds, 3),
-                    "draft_forwards": llm.draft_runner.forwards - before,
-                    "tokens": sum(len(r.token_ids) for r in results),
-                    "accepted": sum(r.metrics["accepted_tokens"] for r in results),
-                })
+                runs[name].append(
+                    {
+                        "seconds": round(seconds, 3),
+                        "draft_forwards": llm.draft_runner.forwards - before,
+                        "tokens": sum(len(r.token_ids) for r in results),
+                        "accepted": sum(r.metrics["accepted_tokens"] for r in results),
+                    }
+                )
                 outputs[name] = [r.token_ids for r in results]
                 typer.echo(f"{name}: {runs[name][-1]}")
     finally:
         ThinkingPolicy.proposal_group = batched_rule
     mean = {name: sum(r["seconds"] for r in rs) / len(rs) for name, rs in runs.items()}
     summary = {
-        "model": model, "draft": draft, "task": task, "prompts": prompts, "max_tokens": max_tokens, "k": k,
-        "device": device if device != "cuda" else torch.cuda.get_device_name(), "dtype": dtype,
+        "model": model,
+        "draft": draft,
+        "task": task,
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "k": k,
+        "device": device if device != "cuda" else torch.cuda.get_device_name(),
+        "dtype": dtype,
         "date": datetime.date.today().isoformat(),
         "command": "python " + shlex.join(sys.argv),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
-        "runs": runs, "mean_seconds": mean,
+        "runs": runs,
+        "mean_seconds": mean,
         "speedup_batched": round(mean["per-sequence"] / mean["batched"], 3),
         "same_outputs": outputs["batched"] == outputs["per-sequence"],
     }

@@ -54,8 +54,15 @@ def time_generate(model, prompt_ids: list[int], batch: int, new_tokens: int, rep
         sync()
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(inputs, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                 do_sample=False, pad_token_id=0, **extra)
+            out = model.generate(
+                inputs,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                **extra,
+            )
         sync()
         samples.append(time.perf_counter() - start)
         assert out.shape[1] - inputs.shape[1] == new_tokens
@@ -67,7 +74,9 @@ def time_engine(engine: Engine, prompt_ids: list[int], batch: int, new_tokens: i
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
-        seqs = [engine.add_request(prompt_ids, SamplingParams(max_tokens=new_tokens, ignore_eos=True)) for _ in range(batch)]
+        seqs = [
+            engine.add_request(prompt_ids, SamplingParams(max_tokens=new_tokens, ignore_eos=True)) for _ in range(batch)
+        ]
         while not all(s.is_finished for s in seqs):
             engine.step()
         sync()
@@ -156,8 +165,12 @@ def ssr_overhead(model, tok, args, device) -> dict:
     from selfspec.spec.ssr import SSRConfig
     from selfspec.thinking.policy import ThinkingLimits
 
-    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=args.ssr_cot + args.ssr_answer + 512),
-                         name=args.model)
+    llm = LLM.from_model(
+        model,
+        tok,
+        engine_config=EngineConfig(num_slots=8, max_len=args.ssr_cot + args.ssr_answer + 512),
+        name=args.model,
+    )
     limits = ThinkingLimits(cot_cap=args.ssr_cot, answer_cap=args.ssr_answer, fixed_length=True)
     prompts = [
         "Write a Python function that returns the n-th Fibonacci number.",
@@ -200,7 +213,9 @@ def ssr_overhead(model, tok, args, device) -> dict:
             try:
                 sync()
                 t0 = time.perf_counter()
-                (res,) = llm.generate(prompt, SamplingParams(max_tokens=10_000), limits=limits, thinking=True, spec=spec)
+                (res,) = llm.generate(
+                    prompt, SamplingParams(max_tokens=10_000), limits=limits, thinking=True, spec=spec
+                )
                 sync()
             finally:
                 llm_engine.verify_greedy = verify_greedy
@@ -208,8 +223,14 @@ def ssr_overhead(model, tok, args, device) -> dict:
             tokens[mode].append(res.token_ids)
             metrics[mode].append({k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str))})
     base = times["baseline"]
-    out = {"cot": args.ssr_cot, "answer": args.ssr_answer, "draft_budget": budget, "max_draft": max_draft,
-           "prompts": len(prompts), "modes": list(modes)}
+    out = {
+        "cot": args.ssr_cot,
+        "answer": args.ssr_answer,
+        "draft_budget": budget,
+        "max_draft": max_draft,
+        "prompts": len(prompts),
+        "modes": list(modes),
+    }
     for mode in modes:
         ratios = [t / b for t, b in zip(times[mode], base)]
         ratio = statistics.mean(ratios)
@@ -232,15 +253,23 @@ def ssr_overhead(model, tok, args, device) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batches", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--eager-repeats", type=int, default=None, help="repeats for the eager modes (default: --repeats)")
-    parser.add_argument("--modes", default=None, help=f"comma list of {ALL_MODES} (default: all that run on the device)")
+    parser.add_argument(
+        "--eager-repeats", type=int, default=None, help="repeats for the eager modes (default: --repeats)"
+    )
+    parser.add_argument(
+        "--modes", default=None, help=f"comma list of {ALL_MODES} (default: all that run on the device)"
+    )
     parser.add_argument("--static-batches", default="1", help="batches for generate-static (each compiles anew)")
     parser.add_argument("--verify-k", default="1,2,4,8,16,32,64")
     parser.add_argument("--verify-context", type=int, default=512)
@@ -251,14 +280,27 @@ def main() -> None:
     parser.add_argument("--ssr-budget", type=int, default=500)
     parser.add_argument("--ssr-max-draft", type=int, default=500)
     parser.add_argument("--ssr-prompts", type=int, default=8, help="prompts (of 8) for the SSR overhead runs")
-    parser.add_argument("--ssr-repeats", type=int, default=2, help="each prompt this many times (paired with its baseline)")
-    parser.add_argument("--ssr-backoffs", default="16,64", help="suffix back-off caps for the every-token-rejected runs")
+    parser.add_argument(
+        "--ssr-repeats", type=int, default=2, help="each prompt this many times (paired with its baseline)"
+    )
+    parser.add_argument(
+        "--ssr-backoffs", default="16,64", help="suffix back-off caps for the every-token-rejected runs"
+    )
     parser.add_argument("--skip-ssr", action="store_true")
     parser.add_argument("--ssr-only", action="store_true", help="only the SSR-overhead runs (file suffix _ssr)")
-    parser.add_argument("--out", default="/tmp/engine_speed", help="where <device>_<model>.json and .md go (committed runs: benchmarks/engine_speed/records/)")
-    parser.add_argument("--random-weights", action="store_true",
-                        help="random weights of the model's shapes (see step_profile.SHAPES): same speed, no files")
-    parser.add_argument("--smoke", action="store_true", help="CPU: run the GPU-only parts on the uncaptured static path")
+    parser.add_argument(
+        "--out",
+        default="/tmp/engine_speed",
+        help="where <device>_<model>.json and .md go (committed runs: benchmarks/engine_speed/records/)",
+    )
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="random weights of the model's shapes (see step_profile.SHAPES): same speed, no files",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU: run the GPU-only parts on the uncaptured static path"
+    )
     args = parser.parse_args()
     if args.smoke:
         GRAPH.clear()
@@ -330,7 +372,9 @@ def main() -> None:
 
     engines: dict[str, Engine] = {}
     if "engine-eager" in modes:
-        engines["engine-eager"] = Engine(model, tok, EngineConfig(num_slots=max(batches), max_len=max_len, cuda_graphs=False))
+        engines["engine-eager"] = Engine(
+            model, tok, EngineConfig(num_slots=max(batches), max_len=max_len, cuda_graphs=False)
+        )
     if "engine-graph" in modes:
         t0 = time.perf_counter()
         engines["engine-graph"] = Engine(model, tok, EngineConfig(num_slots=max(batches), max_len=max_len, **GRAPH))
@@ -366,7 +410,9 @@ def main() -> None:
         b1 = results["throughput"][0]
         step_wall = 1.0 / b1["engine-graph"]
         # Verify cost: a k-token chunk vs a 1-token decode, batch 1, same context.
-        ctx_engine = Engine(model, tok, EngineConfig(num_slots=2, max_len=max(args.verify_context + 128, 1024), **GRAPH))
+        ctx_engine = Engine(
+            model, tok, EngineConfig(num_slots=2, max_len=max(args.verify_context + 128, 1024), **GRAPH)
+        )
         ks = [int(k) for k in args.verify_k.split(",")]
         ctx_engine.runner.warm_up_graphs([1], ks, args.verify_context + max(ks))
         verify = {k: time_runner_forward(ctx_engine, args.verify_context, k, 50) for k in ks}
@@ -423,40 +469,71 @@ def write_results(results: dict, modes: list[str], args: argparse.Namespace, cud
 
 def render(results: dict, modes: list[str]) -> str:
     meta = results["meta"]
-    lines = [f"# Engine speed: {meta['model']} on {meta['device']} ({meta['dtype']})", "",
-             f"`{meta['command']}`", "",
-             f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}; prompt {meta['prompt_tokens']} tokens, "
-             f"{meta['new_tokens']} new tokens per sequence, EOS ignored. Setup (excluded from timings): "
-             f"{json.dumps(meta['setup_seconds'])}", "",
-             "## Tokens/s", "", "| batch | " + " | ".join(modes) + " | graph / generate | graph / generate-static |",
-             "|---|" + "---|" * (len(modes) + 2)]
+    lines = [
+        f"# Engine speed: {meta['model']} on {meta['device']} ({meta['dtype']})",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}; prompt {meta['prompt_tokens']} tokens, "
+        f"{meta['new_tokens']} new tokens per sequence, EOS ignored. Setup (excluded from timings): "
+        f"{json.dumps(meta['setup_seconds'])}",
+        "",
+        "## Tokens/s",
+        "",
+        "| batch | " + " | ".join(modes) + " | graph / generate | graph / generate-static |",
+        "|---|" + "---|" * (len(modes) + 2),
+    ]
     for row in results["throughput"]:
         cells = [f"{row[m]:.1f}" if m in row else "–" for m in modes]
         g = row.get("engine-graph")
         ratio = lambda other: f"{g / row[other]:.2f}x" if g and other in row else "–"  # noqa: E731
-        lines.append(f"| {row['batch']} | " + " | ".join(cells) + f" | {ratio('generate')} | {ratio('generate-static')} |")
+        lines.append(
+            f"| {row['batch']} | " + " | ".join(cells) + f" | {ratio('generate')} | {ratio('generate-static')} |"
+        )
     if "verify_cost" in results:
-        lines += ["", "## Verify cost (batch 1, graph engine)", "", "| k tokens | ms | vs 1-token decode |", "|---|---|---|"]
+        lines += [
+            "",
+            "## Verify cost (batch 1, graph engine)",
+            "",
+            "| k tokens | ms | vs 1-token decode |",
+            "|---|---|---|",
+        ]
         lines += [f"| {r['k']} | {r['ms']:.3f} | {r['vs_decode']:.2f}x |" for r in results["verify_cost"]]
     if "decode_vs_cached_length" in results:
         d = results["decode_vs_cached_length"]
-        lines += ["", f"## Decode step vs cached tokens (cache preallocated to {d['preallocated']})", "",
-                  "| cached tokens | key bucket | step ms (host+GPU) | graph replay ms (GPU) |", "|---|---|---|---|"]
-        lines += [f"| {r['cached_tokens']} | {r['key_bucket']} | {r['step_ms']:.3f} | {r['replay_ms']:.3f} |" for r in d["rows"]]
+        lines += [
+            "",
+            f"## Decode step vs cached tokens (cache preallocated to {d['preallocated']})",
+            "",
+            "| cached tokens | key bucket | step ms (host+GPU) | graph replay ms (GPU) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['cached_tokens']} | {r['key_bucket']} | {r['step_ms']:.3f} | {r['replay_ms']:.3f} |"
+            for r in d["rows"]
+        ]
     if "floor" in results:
         f = results["floor"]
-        lines += ["", "## Floor and step breakdown (batch 1 decode)", "",
-                  f"- weights {f['weight_bytes'] / 1e6:.1f} MB / measured copy bandwidth {f['copy_bandwidth_GBps']:.0f} GB/s "
-                  f"= floor {f['floor_ms_per_step']:.3f} ms per step",
-                  f"- engine step {f['engine_step_ms']:.3f} ms = graph replay (GPU) {f['graph_replay_ms']:.3f} ms + host "
-                  f"{f['host_ms_per_step']:.3f} ms",
-                  f"- graph stats: {json.dumps(results.get('graph_stats'))}"]
+        lines += [
+            "",
+            "## Floor and step breakdown (batch 1 decode)",
+            "",
+            f"- weights {f['weight_bytes'] / 1e6:.1f} MB / measured copy bandwidth {f['copy_bandwidth_GBps']:.0f} GB/s "
+            f"= floor {f['floor_ms_per_step']:.3f} ms per step",
+            f"- engine step {f['engine_step_ms']:.3f} ms = graph replay (GPU) {f['graph_replay_ms']:.3f} ms + host "
+            f"{f['host_ms_per_step']:.3f} ms",
+            f"- graph stats: {json.dumps(results.get('graph_stats'))}",
+        ]
     if "ssr_overhead" in results:
         s = results["ssr_overhead"]
-        lines += ["", f"## SSR overhead (batch 1, CoT {s['cot']}, answer {s['answer']}, draft at {s['draft_budget']}, "
-                      f"{s['prompts']} prompts)", "",
-                  "| mode | mean latency s | vs baseline | overhead (± s.e.) | exact | forwards | draft forwards | answer verify steps | accepted tokens |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## SSR overhead (batch 1, CoT {s['cot']}, answer {s['answer']}, draft at {s['draft_budget']}, "
+            f"{s['prompts']} prompts)",
+            "",
+            "| mode | mean latency s | vs baseline | overhead (± s.e.) | exact | forwards | draft forwards | answer verify steps | accepted tokens |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
 
         def mean_metric(r: dict, key: str) -> str:
             values = [m[key] for m in r.get("metrics", []) if key in m]
@@ -464,8 +541,12 @@ def render(results: dict, modes: list[str]) -> str:
 
         for mode in s.get("modes", ("baseline", "ssr-off", "ssr-noaccept", "ssr")):
             r = s[mode]
-            counts = " | ".join(mean_metric(r, k) for k in ("forwards", "draft_forwards", "answer_verify_steps", "accepted_tokens"))
-            lines.append(f"| {mode} | {r['mean_latency_s']:.3f} | {r['latency_vs_baseline']:.3f} | {r['overhead_pct']:+.1f}% ± {r.get('overhead_stderr_pct', float('nan')):.1f} | {r['exact']} | {counts} |")
+            counts = " | ".join(
+                mean_metric(r, k) for k in ("forwards", "draft_forwards", "answer_verify_steps", "accepted_tokens")
+            )
+            lines.append(
+                f"| {mode} | {r['mean_latency_s']:.3f} | {r['latency_vs_baseline']:.3f} | {r['overhead_pct']:+.1f}% ± {r.get('overhead_stderr_pct', float('nan')):.1f} | {r['exact']} | {counts} |"
+            )
     return "\n".join(lines) + "\n"
 
 

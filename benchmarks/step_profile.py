@@ -17,12 +17,33 @@ import torch
 from selfspec.engine.llm_engine import Engine, EngineConfig
 
 SHAPES = {
-    "smollm2": dict(family="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
-                    max_position_embeddings=8192, rope_theta=100000.0),
-    "gemma3-270m": dict(family="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
-                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, tie_word_embeddings=True,
-                        max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256),
+    "smollm2": dict(
+        family="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+    ),
+    "gemma3-270m": dict(
+        family="gemma3",
+        vocab_size=262144,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        sliding_window=512,
+        query_pre_attn_scalar=256,
+    ),
 }
 
 
@@ -96,13 +117,19 @@ def main() -> None:
         "graph+compile+slot": dict(compile_pointwise=True, slot_attention=True),
     }
     for label, cfg in variants.items():
-        engine = Engine(model, None, EngineConfig(num_slots=4, max_len=max(2048, args.keys), cuda_graphs=True, **cfg),
-                        eos_token_ids=[])
+        engine = Engine(
+            model,
+            None,
+            EngineConfig(num_slots=4, max_len=max(2048, args.keys), cuda_graphs=True, **cfg),
+            eos_token_ids=[],
+        )
         shape = (args.batch, args.tokens, args.keys)
         results[label] = profile_body(engine, shape)
         r = results[label]
-        print(f"== {args.shape} {label} B={args.batch} T={args.tokens} K={args.keys}: {r['kernels']} kernels, "
-              f"kernel time {r['kernel_time_ms']:.3f} ms, graph replay {r['graph_replay_ms']:.3f} ms")
+        print(
+            f"== {args.shape} {label} B={args.batch} T={args.tokens} K={args.keys}: {r['kernels']} kernels, "
+            f"kernel time {r['kernel_time_ms']:.3f} ms, graph replay {r['graph_replay_ms']:.3f} ms"
+        )
         for name, n, us in r["top"][: args.top]:
             print(f"  {us:8.1f} us  x{n:4d}  {name}")
     if args.json:

@@ -96,7 +96,9 @@ def measure(make: Callable[[], Proposer], draft: list[int], cot: list[int], step
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000, help="answer tokens (propose calls), at most the draft's length")
+    parser.add_argument(
+        "--steps", type=int, default=2000, help="answer tokens (propose calls), at most the draft's length"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -116,7 +118,9 @@ def main() -> None:
             row = measure(make, draft, cot, args.steps, args.seed)
             cells = " ".join(f"{row[c]:>8.2f}" if c in row else f"{'-':>8}" for c in columns)
             print(f"{name:<18} {draft_len:>5} | {cells}")
-    print("\nµs per draft token (add), per appended token (extend), per call (sync, p50, mean, p99); tokens (prop., hit).")
+    print(
+        "\nµs per draft token (add), per appended token (extend), per call (sync, p50, mean, p99); tokens (prop., hit)."
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,13 @@ def engine_config(name: str, max_len: int) -> EngineConfig:
     if name == "eager":
         return EngineConfig(num_slots=4, max_len=max_len, clamp_max_len=True)
     min_keys = max_len if name == "tokens16+keys" else 128
-    return EngineConfig(num_slots=4, max_len=max_len, clamp_max_len=True, static_shapes=True,
-                        graph_buckets=GraphBuckets(tokens=(16, 64), min_keys=min_keys))
+    return EngineConfig(
+        num_slots=4,
+        max_len=max_len,
+        clamp_max_len=True,
+        static_shapes=True,
+        graph_buckets=GraphBuckets(tokens=(16, 64), min_keys=min_keys),
+    )
 
 
 def run(config_name: str, samples, settings: BenchSettings, max_len: int) -> list[dict]:
@@ -57,10 +62,20 @@ def run(config_name: str, samples, settings: BenchSettings, max_len: int) -> lis
     for sample in samples:
         (base,) = llm.generate([sample.messages], _params(settings), limits=_limits(settings), thinking=True)
         for mode in MODES:
-            (r,) = llm.generate([sample.messages], _params(settings), spec=spec_for(mode, settings),
-                                limits=_limits(settings), thinking=True)
-            fields = divergence_fields(list(base.token_ids), base.metrics.get("cot_tokens", 0), list(r.token_ids),
-                                       list(base.output_shapes), list(r.output_shapes))
+            (r,) = llm.generate(
+                [sample.messages],
+                _params(settings),
+                spec=spec_for(mode, settings),
+                limits=_limits(settings),
+                thinking=True,
+            )
+            fields = divergence_fields(
+                list(base.token_ids),
+                base.metrics.get("cot_tokens", 0),
+                list(r.token_ids),
+                list(base.output_shapes),
+                list(r.output_shapes),
+            )
             rows.append({"config": config_name, "sample_id": sample.id, "mode": mode, **fields})
             print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -73,18 +88,36 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/cpu_bf16_exactness")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    settings = BenchSettings(cot_cap=200, answer_cap=100, draft_budget=60, draft_interval=None, max_draft_len=100,
-                             fixed_length=True, suffix=SuffixOptions(max_depth=4, max_spec_tokens=16, spec_factor=4.0),
-                             suffix_sources=["draft"], suffix_backoff_max=16, seed=0, concurrency=1)
+    settings = BenchSettings(
+        cot_cap=200,
+        answer_cap=100,
+        draft_budget=60,
+        draft_interval=None,
+        max_draft_len=100,
+        fixed_length=True,
+        suffix=SuffixOptions(max_depth=4, max_spec_tokens=16, spec_factor=4.0),
+        suffix_sources=["draft"],
+        suffix_backoff_max=16,
+        seed=0,
+        concurrency=1,
+    )
     samples = load_benchmark("humaneval", limit=args.samples)
     max_len = 512
     start = time.time()
     rows = [row for name in args.configs.split(",") for row in run(name, samples, settings, max_len)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"model": "smollm2", "dtype": "bfloat16", "device": device_name("cpu"), "versions": library_versions(),
-              "date": time.strftime("%Y-%m-%d"), "settings": settings.to_dict(), "max_len": max_len,
-              "seconds": round(time.time() - start, 1), "runs": rows}
+    result = {
+        "model": "smollm2",
+        "dtype": "bfloat16",
+        "device": device_name("cpu"),
+        "versions": library_versions(),
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": settings.to_dict(),
+        "max_len": max_len,
+        "seconds": round(time.time() - start, 1),
+        "runs": rows,
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1))
     lines = ["| configuration | sample | " + " | ".join(MODES) + " |", "|---|---|" + "---|" * len(MODES)]
     for name in args.configs.split(","):
@@ -93,8 +126,11 @@ def main() -> None:
             for mode in MODES:
                 row = next(r for r in rows if r["config"] == name and r["sample_id"] == sample.id and r["mode"] == mode)
                 index = row["first_divergence"]
-                cells.append("exact" if index is None else
-                             f"leaves at {index} ({row.get('first_divergence_shape', '?')} vs {row.get('baseline_shape_at_divergence', '?')})")
+                cells.append(
+                    "exact"
+                    if index is None
+                    else f"leaves at {index} ({row.get('first_divergence_shape', '?')} vs {row.get('baseline_shape_at_divergence', '?')})"
+                )
             lines.append(f"| {name} | {sample.id} | " + " | ".join(cells) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -60,8 +60,13 @@ def table(runs: dict[str, dict[tuple[str, str], str]], only: set[tuple[str, str]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--reference", type=Path, action="append", default=[],
-                        help="Earlier runs to compare against, restricted to the samples of the runs above.")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        action="append",
+        default=[],
+        help="Earlier runs to compare against, restricted to the samples of the runs above.",
+    )
     args = parser.parse_args()
     runs = {path.name: hashes(read_records(path)) for path in args.runs}
     keys = {k for run in runs.values() for k in run}

@@ -9,16 +9,18 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from selfspec import CoSpecConfig, DraftModelConfig, SamplingParams
 from selfspec.cli.main import app
-from selfspec.spec.cospec import Arbitrator, CoSpecConfig
-from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
-from selfspec_research.cospec.cli import parse_thresholds
-from selfspec_research.cospec.eval_report import write_outputs
-from selfspec_research.cospec.eval_tasks import parse_tasks
-from selfspec_research.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
-from selfspec.engine.sampling import SamplingParams
-from selfspec.spec.baselines import SpeculationConfig
 from selfspec.server.cli import load_llm
+from selfspec.spec.cospec import Arbitrator
+from selfspec.spec.cospec.checkpoint import load_arbitrator_for, save_arbitrator
+from selfspec_research.cospec import counterfactual, evaluate
+from selfspec_research.cospec.cli import parse_thresholds
+from selfspec_research.cospec.eval_config import CoSpecEvalConfig
+from selfspec_research.cospec.eval_report import write_outputs
+from selfspec_research.cospec.eval_runs import run_item
+from selfspec_research.cospec.eval_tasks import build_task, parse_tasks
+from selfspec_research.cospec.evaluate import run_cospec_eval
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -51,7 +53,13 @@ def _lines(path):
 
 def test_eval_pipeline_writes_files_and_marks_cospec_lossy(llm, arbitrator, tmp_path):
     config = CoSpecEvalConfig(
-        tasks=("arithmetic_search",), n=2, thresholds=(0.0, 1.0), k=4, max_tokens=24, counterfactual_states=2, warmup=False
+        tasks=("arithmetic_search",),
+        n=2,
+        thresholds=(0.0, 1.0),
+        k=4,
+        max_tokens=24,
+        counterfactual_states=2,
+        warmup=False,
     )
     results = run_cospec_eval(llm, config, arbitrator, progress=False)
     paths = write_outputs(results, tmp_path / "out")
@@ -102,9 +110,13 @@ def test_threshold_one_is_lossless_and_zero_keeps_draft_tokens(llm, arbitrator):
     prompts = ["What is 12 + 30?", "Write a counter class", "Route from A to B"]
     params = SamplingParams(max_tokens=32)
     target = llm.generate(prompts, params)
-    sps = llm.generate(prompts, params, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
-    never = llm.generate(prompts, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=1.0, arbitrator=arbitrator))
-    always = llm.generate(prompts, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator))
+    sps = llm.generate(prompts, params, spec=DraftModelConfig(num_speculative_tokens=4))
+    never = llm.generate(
+        prompts, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=1.0, arbitrator=arbitrator)
+    )
+    always = llm.generate(
+        prompts, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=0.0, arbitrator=arbitrator)
+    )
     for t, s, n in zip(target, sps, never):
         assert t.token_ids == s.token_ids == n.token_ids
         assert n.metrics["lossy"] is True and n.metrics["kept_draft_tokens"] == 0
@@ -133,16 +145,47 @@ def test_eval_refuses_training_seeds_and_bad_options(llm, arbitrator):
 def test_cli_eval_end_to_end(checkpoint, tmp_path):
     out = tmp_path / "cli"
     args = [
-        "cospec", "eval", "--model", "tiny", "--arbitrator", str(checkpoint), "--tasks", "gsm8k", "--n", "2",
-        "--thresholds", "0,1", "--k", "4", "--max-tokens", "16", "--counterfactual-states", "1", "--max-len", "2048",
-        "--device", "cpu", "--dtype", "float32", "--no-progress", "--no-warmup", "--out", str(out),
+        "cospec",
+        "eval",
+        "--model",
+        "tiny",
+        "--arbitrator",
+        str(checkpoint),
+        "--tasks",
+        "gsm8k",
+        "--n",
+        "2",
+        "--thresholds",
+        "0,1",
+        "--k",
+        "4",
+        "--max-tokens",
+        "16",
+        "--counterfactual-states",
+        "1",
+        "--max-len",
+        "2048",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-progress",
+        "--no-warmup",
+        "--out",
+        str(out),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = _lines(out / "results.jsonl")
     assert lines[0]["draft"] == "layers:1", "the draft comes from the checkpoint"
     assert lines[0]["arbitrator_config"]["target"] == "tiny"
-    assert {r["label"] for r in lines if r["kind"] == "summary"} == {"target", "sps", "draft-alone", "cospec@0", "cospec@1"}
+    assert {r["label"] for r in lines if r["kind"] == "summary"} == {
+        "target",
+        "sps",
+        "draft-alone",
+        "cospec@0",
+        "cospec@1",
+    }
     assert all(r["lossy"] for r in lines if r.get("mode") == "cospec")
     assert (out / "report.md").exists() and (out / "speed_score.png").read_bytes()[:8] == PNG_MAGIC
     assert "selfspec cospec eval --model tiny" in (out / "report.md").read_text()
@@ -151,9 +194,32 @@ def test_cli_eval_end_to_end(checkpoint, tmp_path):
 def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
     out = tmp_path / "plain"
     args = [
-        "cospec", "eval", "--model", "tiny", "--draft", "layers:1", "--tasks", "gsm8k,humaneval", "--n", "1", "--k", "4",
-        "--sps-k", "2,4", "--max-tokens", "8", "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress",
-        "--no-warmup", "--out", str(out),
+        "cospec",
+        "eval",
+        "--model",
+        "tiny",
+        "--draft",
+        "layers:1",
+        "--tasks",
+        "gsm8k,humaneval",
+        "--n",
+        "1",
+        "--k",
+        "4",
+        "--sps-k",
+        "2,4",
+        "--max-tokens",
+        "8",
+        "--max-len",
+        "2048",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-progress",
+        "--no-warmup",
+        "--out",
+        str(out),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -172,8 +238,6 @@ def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
 
 def test_humaneval_task_scores_with_the_tests():
     """HumanEval items are picked by seed and scored by running the problem's check()."""
-    from selfspec_research.cospec.eval_tasks import build_task
-
     task = build_task("humaneval", 2, 1000)
     again = build_task("humaneval", 2, 1000)
     assert [i.uid for i in task.items] == [i.uid for i in again.items]
@@ -185,42 +249,104 @@ def test_humaneval_task_scores_with_the_tests():
 
 def test_cli_report_merges_runs_split_by_task(tmp_path):
     """Tasks evaluated in two runs (two GPUs) become one report; mismatched runs are refused."""
-    common = ["--model", "tiny", "--draft", "layers:1", "--no-draft-alone", "--n", "1", "--k", "4", "--max-tokens", "8",
-              "--max-len", "2048", "--device", "cpu", "--dtype", "float32", "--no-progress", "--no-warmup"]
+    common = [
+        "--model",
+        "tiny",
+        "--draft",
+        "layers:1",
+        "--no-draft-alone",
+        "--n",
+        "1",
+        "--k",
+        "4",
+        "--max-tokens",
+        "8",
+        "--max-len",
+        "2048",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-progress",
+        "--no-warmup",
+    ]
     for name, task in (("a", "gsm8k"), ("b", "humaneval")):
         result = CliRunner().invoke(app, ["cospec", "eval", "--tasks", task, "--out", str(tmp_path / name), *common])
         assert result.exit_code == 0, result.output
     merged = tmp_path / "merged"
-    result = CliRunner().invoke(app, ["cospec", "report", str(tmp_path / "a" / "results.jsonl"),
-                                      str(tmp_path / "b" / "results.jsonl"), "--out", str(merged)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "cospec",
+            "report",
+            str(tmp_path / "a" / "results.jsonl"),
+            str(tmp_path / "b" / "results.jsonl"),
+            "--out",
+            str(merged),
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = _lines(merged / "results.jsonl")
     assert lines[0]["config"]["tasks"] == ["gsm8k", "humaneval"]
     assert [(r["task"], r["label"]) for r in lines if r["kind"] == "summary"] == [
-        ("gsm8k", "target"), ("gsm8k", "sps"), ("humaneval", "target"), ("humaneval", "sps")]
+        ("gsm8k", "target"),
+        ("gsm8k", "sps"),
+        ("humaneval", "target"),
+        ("humaneval", "sps"),
+    ]
     text = (merged / "report.md").read_text()
     assert "## gsm8k" in text and "## humaneval" in text and (merged / "speed_score.png").exists()
     other = tmp_path / "c"
-    result = CliRunner().invoke(app, ["cospec", "eval", "--tasks", "gsm8k", "--out", str(other), *common[:-4], "--k", "2",
-                                      "--no-progress", "--no-warmup"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "cospec",
+            "eval",
+            "--tasks",
+            "gsm8k",
+            "--out",
+            str(other),
+            *common[:-4],
+            "--k",
+            "2",
+            "--no-progress",
+            "--no-warmup",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    bad = CliRunner().invoke(app, ["cospec", "report", str(tmp_path / "a" / "results.jsonl"), str(other / "results.jsonl"),
-                                   "--out", str(tmp_path / "bad")])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "cospec",
+            "report",
+            str(tmp_path / "a" / "results.jsonl"),
+            str(other / "results.jsonl"),
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     assert bad.exit_code != 0 and "differs" in bad.output
 
 
 def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, monkeypatch):
     """A run killed mid-task keeps its finished runs; the re-run skips them and gives the same rows."""
-    import selfspec_research.cospec.evaluate as evaluate
-
     config = CoSpecEvalConfig(
-        tasks=("arithmetic_search", "class_synthesis"), n=2, thresholds=(0.0,), k=4, max_tokens=16,
-        counterfactual_states=1, warmup=False,
+        tasks=("arithmetic_search", "class_synthesis"),
+        n=2,
+        thresholds=(0.0,),
+        k=4,
+        max_tokens=16,
+        counterfactual_states=1,
+        warmup=False,
     )
     journal = tmp_path / "partial.jsonl"
     full = run_cospec_eval(llm, config, arbitrator, progress=False)
 
-    real_run, calls = evaluate._run, []
+    real_run, calls = run_item, []
+
+    def every_run_through(fn) -> None:  # the timed runs and the counterfactual probes
+        for module in (evaluate, counterfactual):
+            monkeypatch.setattr(module, "run_item", fn)
 
     def dying_run(*args, **kwargs):
         if len(calls) == 9:  # the first task's 8 timed runs are journalled, one counterfactual probe ran
@@ -228,7 +354,7 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
         calls.append(args[3].label)
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "_run", dying_run)
+    every_run_through(dying_run)
     with pytest.raises(KeyboardInterrupt):
         run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     kinds = [line["kind"] for line in _lines(journal)]
@@ -236,13 +362,15 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
         handle.write('{"kind": "run", "task": "arith')  # a line cut by the kill
     assert kinds[0] == "journal" and kinds.count("task_done") == 0  # killed during the counterfactual probe
     assert kinds.count("run") == 8  # 2 items x 4 modes (target, SpS, draft alone, λ 0) of the first task
-    monkeypatch.setattr(evaluate, "_run", real_run)
     counted = []
-    monkeypatch.setattr(evaluate, "_run", lambda *a, **k: counted.append(a[3].label) or real_run(*a, **k))
+    every_run_through(lambda *a, **k: counted.append(a[3].label) or real_run(*a, **k))
     resumed = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     # Only the probes and the second task ran again; the first task's timed runs came from disk.
     assert counted.count("target") == 2 and counted.count("draft-alone") == 2 and len(counted) == 2 + 8 + 2
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("latency_s", "arbitration_s")} for r in rows]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("latency_s", "arbitration_s")} for r in rows]
+
     assert [r["token_ids_hash"] for r in resumed.items] == [r["token_ids_hash"] for r in full.items]
     assert [(r["passed"], r["score"]) for r in resumed.items] == [(r["passed"], r["score"]) for r in full.items]
     assert len(strip(resumed.summaries)) == len(full.summaries)
@@ -251,8 +379,13 @@ def test_interrupted_eval_resumes_from_its_journal(llm, arbitrator, tmp_path, mo
     again = run_cospec_eval(llm, config, arbitrator, progress=False, journal_path=journal)
     assert [r["token_ids_hash"] for r in again.items] == [r["token_ids_hash"] for r in full.items]
     with pytest.raises(ValueError, match="another config"):
-        run_cospec_eval(llm, CoSpecEvalConfig(tasks=("arithmetic_search",), n=1, warmup=False), arbitrator,
-                        progress=False, journal_path=journal)
+        run_cospec_eval(
+            llm,
+            CoSpecEvalConfig(tasks=("arithmetic_search",), n=1, warmup=False),
+            arbitrator,
+            progress=False,
+            journal_path=journal,
+        )
     retrained = copy.deepcopy(arbitrator)  # same config, other weights (e.g. after more RL)
     with torch.no_grad():
         retrained.head.bias.add_(0.1)

@@ -1,4 +1,4 @@
-"""The arbitrator training run (`cospec.train_arbitrator`) at toy scale on a tiny random model."""
+"""The arbitrator training run (`cospec.train_arbitrator` and its phases) at toy scale on a tiny random model."""
 
 from __future__ import annotations
 
@@ -10,31 +10,24 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from selfspec.spec.cospec import Arbitrator, CoSpecConfig
+from selfspec import LLM, CoSpecConfig, EngineConfig, SamplingParams
+from selfspec.spec.cospec import Arbitrator
+from selfspec.spec.cospec.arbitrator import ArbitrationState
 from selfspec.spec.cospec.checkpoint import load_arbitrator, read_checkpoint_config
+from selfspec.spec.cospec.policy import Decision
+from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec_bench.datasets.gsm8k import load_gsm8k
+from selfspec_research.cospec.arbitrator_config import TrainConfig
+from selfspec_research.cospec.arbitrator_data import gsm8k_training_ids, training_tasks
+from selfspec_research.cospec.arbitrator_rl import RewardSettings, rl_iteration, rl_prompts_for, rollout_reward
+from selfspec_research.cospec.arbitrator_sft import mean_bce, run_sft
+from selfspec_research.cospec.arbitrator_states import branch_logprob_sums, collect_states, label_states
+from selfspec_research.cospec.eval_config import CoSpecEvalConfig
 from selfspec_research.cospec.eval_tasks import EvalTask, build_task
-from selfspec_research.cospec.evaluate import CoSpecEvalConfig, run_cospec_eval
-from selfspec_research.cospec.train_arbitrator import (
-    TrainConfig,
-    branch_logprob_sums,
-    collect_states,
-    gsm8k_training_ids,
-    label_states,
-    mean_bce,
-    rl_iteration,
-    rl_prompts_for,
-    rollout_reward,
-    RewardSettings,
-    run_sft,
-    train_arbitrator,
-    training_tasks,
-)
+from selfspec_research.cospec.evaluate import run_cospec_eval
+from selfspec_research.cospec.train_arbitrator import train_arbitrator
 from selfspec_research.cospec.train_cli import register
 from selfspec_research.cospec.training import frozen_copy
-from selfspec.engine.llm_engine import EngineConfig
-from selfspec.engine.sampling import SamplingParams
-from selfspec.llm import LLM
-from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 from selfspec_research.thinker.tasks import stable_rng
 
 TASKS = "arithmetic_search,gsm8k"
@@ -42,9 +35,26 @@ TASKS = "arithmetic_search,gsm8k"
 
 def _config(tmp_path=None, **overrides) -> TrainConfig:
     values = dict(
-        target="tiny", draft="layers:1", tasks=TASKS, n=2, k=4, max_tokens=24, cf_max_new_tokens=24, states_per_item=4,
-        sft_epochs=3, sft_batch_size=4, sft_lr=3e-3, rl_iterations=1, rl_prompts=1, group_size=4, rl_lr=3e-3,
-        ppo_minibatch=16, device="cpu", progress=False, out=str(tmp_path or "unused"), command="pytest",
+        target="tiny",
+        draft="layers:1",
+        tasks=TASKS,
+        n=2,
+        k=4,
+        max_tokens=24,
+        cf_max_new_tokens=24,
+        states_per_item=4,
+        sft_epochs=3,
+        sft_batch_size=4,
+        sft_lr=3e-3,
+        rl_iterations=1,
+        rl_prompts=1,
+        group_size=4,
+        rl_lr=3e-3,
+        ppo_minibatch=16,
+        device="cpu",
+        progress=False,
+        out=str(tmp_path or "unused"),
+        command="pytest",
     )
     values.update(overrides)
     return TrainConfig(**values)
@@ -117,8 +127,6 @@ def test_training_items_come_from_the_training_streams_only(tasks):
 def test_eval_excludes_the_reserved_gsm8k_ids(llm):
     # Without exclusions the eval's pick is unchanged (a list pool samples like range()).
     plain = build_task("gsm8k", 3, 1000)
-    from selfspec_bench.datasets.gsm8k import load_gsm8k
-
     samples = load_gsm8k()
     expected = sorted(stable_rng("cospec-eval", "gsm8k", 1000).sample(range(len(samples)), 3))
     assert [item.uid for item in plain.items] == [samples[i].id for i in expected]
@@ -129,7 +137,9 @@ def test_eval_excludes_the_reserved_gsm8k_ids(llm):
     arbitrator = Arbitrator.from_draft(llm.draft_runner.model, seed=0)
     first = build_task("gsm8k", 1, 1000).items[0].uid
     arbitrator.identity = {"training": {"data_seeds": [0], "gsm8k_ids": [first]}}
-    config = CoSpecEvalConfig(tasks=("gsm8k",), n=1, thresholds=(1.0,), k=4, max_tokens=2, counterfactual_states=0, warmup=False)
+    config = CoSpecEvalConfig(
+        tasks=("gsm8k",), n=1, thresholds=(1.0,), k=4, max_tokens=2, counterfactual_states=0, warmup=False
+    )
     results = run_cospec_eval(llm, config, arbitrator, progress=False)
     uids = {r["uid"] for r in results.items}
     assert uids and first not in uids
@@ -216,9 +226,6 @@ def test_sampled_decisions_record_logits_and_target_logprobs(llm):
 
 
 def test_rollout_reward_parts():
-    from selfspec.spec.cospec.arbitrator import ArbitrationState
-    from selfspec.spec.cospec.policy import Decision
-
     state = ArbitrationState((1,), (2,), (3,))
     decisions = [
         Decision(state, 0.9, True, target_logprob=-8.0),
@@ -226,7 +233,9 @@ def test_rollout_reward_parts():
         Decision(state, 0.1, False, target_logprob=-0.5),
         Decision(state, 0.1, False, target_logprob=-0.5),
     ]
-    settings = RewardSettings(speed_coef=0.1, low_logprob_floor=-5.0, low_logprob_penalty=0.4, failed_rejection_penalty=0.2)
+    settings = RewardSettings(
+        speed_coef=0.1, low_logprob_floor=-5.0, low_logprob_penalty=0.4, failed_rejection_penalty=0.2
+    )
     failed = rollout_reward(0.25, False, 30, 10, decisions, settings)
     assert failed["accepted_per_call"] == 3.0 and failed["low_logprob_kept"] == 1.0
     assert failed["reward"] == pytest.approx(0.25 + 0.3 - 0.4 * 1 / 4 - 0.2 * 2 / 4)
@@ -267,7 +276,11 @@ def test_pipeline_writes_a_loadable_checkpoint_with_its_training_ids_and_resumes
     assert training["data_seeds"] == [0]
     assert training["gsm8k_ids"] == gsm8k_training_ids(2)
     assert training["thinker_items"]["uids"] == ["arithmetic_search-v1-s0-i2000", "arithmetic_search-v1-s0-i2001"]
-    assert training["command"] == "pytest" and training["rl_iterations"] == 1 and training["stopped_by_time_budget"] is False
+    assert (
+        training["command"] == "pytest"
+        and training["rl_iterations"] == 1
+        and training["stopped_by_time_budget"] is False
+    )
     assert checkpoint.draft == "layers:1"
     restored = load_arbitrator(result.checkpoint, llm.draft_runner.model)
     assert restored.identity["training"]["gsm8k_ids"] == gsm8k_training_ids(2)
@@ -309,9 +322,36 @@ def test_cli_command_registers_and_trains(tmp_path):
     register(app)
     out = tmp_path / "cli"
     args = [
-        "train-arbitrator", "--target", "tiny", "--draft", "layers:1", "--tasks", "gsm8k", "--n", "1", "--k", "4",
-        "--max-tokens", "12", "--cf-max-new-tokens", "8", "--sft-epochs", "1", "--rl-iterations", "1", "-M", "2",
-        "--device", "cpu", "--max-len", "1024", "--num-slots", "4", "--no-progress", "--out", str(out),
+        "train-arbitrator",
+        "--target",
+        "tiny",
+        "--draft",
+        "layers:1",
+        "--tasks",
+        "gsm8k",
+        "--n",
+        "1",
+        "--k",
+        "4",
+        "--max-tokens",
+        "12",
+        "--cf-max-new-tokens",
+        "8",
+        "--sft-epochs",
+        "1",
+        "--rl-iterations",
+        "1",
+        "-M",
+        "2",
+        "--device",
+        "cpu",
+        "--max-len",
+        "1024",
+        "--num-slots",
+        "4",
+        "--no-progress",
+        "--out",
+        str(out),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""Distilled shallow self-draft (CoSpec item 1) at toy scale: tiny random models, toy task
+"""Distilled shallow self-draft at toy scale: tiny random models, toy task
 knobs, CPU. What must hold whatever the scale: training lowers the distillation loss, the
 target's weights never change (training, saving, loading, merging, fused targets), a
 saved draft loads to the very logits it was trained to, and SpS with it stays exact."""
@@ -12,31 +12,30 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from selfspec_research.cospec.cli import cospec_app
-from selfspec_research.cospec.draft_distill import (
+from selfspec import LLM, DraftModelConfig, EngineConfig, SamplingParams, ThinkingLimits
+from selfspec.engine.fusion import compile_pointwise_modules, fused
+from selfspec.models import MissingModelPackageError
+from selfspec.models.registry import PACKAGED_DRAFTS_DIR
+from selfspec.spec.distilled_draft import (
     MANIFEST,
-    DistillConfig,
-    build_training_blocks,
-    distill_loss,
     load_distilled_draft,
-    masked_logits,
-    merged_copy,
     own_layers_draft,
-    pack_examples,
     parse_distilled_spec,
-    plan_blocks,
     read_draft_manifest,
+)
+from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.thinking.format import ThinkingFormat
+from selfspec_research.cospec.cli import cospec_app
+from selfspec_research.cospec.distill_data import build_training_blocks, pack_examples, plan_blocks
+from selfspec_research.cospec.distill_metrics import distill_loss
+from selfspec_research.cospec.draft_distill import (
+    DistillConfig,
+    merged_copy,
     save_distilled_draft,
     train_distilled_draft,
 )
-from selfspec.engine.llm_engine import EngineConfig
-from selfspec.engine.sampling import SamplingParams
-from selfspec.llm import LLM
-from selfspec.thinking.format import ThinkingFormat
-from selfspec.spec.baselines import SpeculationConfig
-from selfspec.thinking.policy import ThinkingLimits
-from selfspec.testing.tiny import tiny_model, tiny_tokenizer
-from selfspec_research.thinker.train import Example
+from selfspec_research.lora_training import selected_logits
+from selfspec_research.thinker.examples import Example
 
 TOY_KNOBS = {
     "route_finding": {"min_hops": 2, "max_hops": 2, "min_answer_tokens": 1},
@@ -98,7 +97,9 @@ def trained(tok):
     target = tiny_model("qwen3", len(tok), seed=4, num_layers=3, eos_token_id=tok.eos_token_id)
     before = snapshot(target)
     config = toy_config()
-    target, peft_draft, result = train_distilled_draft(config, target=target, tokenizer=tok, progress=False, log=lambda m: None)
+    target, peft_draft, result = train_distilled_draft(
+        config, target=target, tokenizer=tok, progress=False, log=lambda m: None
+    )
     return target, before, peft_draft, result, config
 
 
@@ -128,7 +129,10 @@ def test_own_layers_draft_copies_layers_and_shares_the_rest(tok):
     draft = own_layers_draft(target, 2)
     assert draft.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
     assert draft.model.embed_tokens.weight.data_ptr() == target.model.embed_tokens.weight.data_ptr()
-    assert draft.model.layers[0].self_attn.q_proj.weight.data_ptr() != target.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    assert (
+        draft.model.layers[0].self_attn.q_proj.weight.data_ptr()
+        != target.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    )
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         hidden = target.model(ids, output_hidden_states=True).hidden_states[2]
@@ -147,10 +151,10 @@ def test_toy_distillation_lowers_kl_and_leaves_the_target_alone(trained):
     first = plan_blocks(len(blocks), config.batch_size, config.steps, config.seed)[0]
     ids, mask = blocks.ids[first], blocks.mask[first]
     with torch.no_grad():
-        teacher = masked_logits(target, ids, mask)
+        teacher = selected_logits(target, ids, mask)
         with peft_draft.disable_adapter():
-            kl_before = distill_loss(teacher, masked_logits(peft_draft, ids, mask))[1]["kl"]
-        kl_after = distill_loss(teacher, masked_logits(peft_draft, ids, mask))[1]["kl"]
+            kl_before = distill_loss(teacher, selected_logits(peft_draft, ids, mask))[1]["kl"]
+        kl_after = distill_loss(teacher, selected_logits(peft_draft, ids, mask))[1]["kl"]
     assert kl_after < 0.9 * kl_before, (kl_before, kl_after)
     assert result.loss_log[0]["kl"] == pytest.approx(kl_before, rel=1e-4)
     # held-out metrics exist for both drafts, and the distilled one is closer to the target
@@ -163,7 +167,9 @@ def test_runs_are_deterministic_and_accumulate_gradients(tok):
     def run(**overrides):
         target = tiny_model("qwen3", len(tok), seed=4, num_layers=3, eos_token_id=tok.eos_token_id)
         config = toy_config(steps=3, heldout_items_per_family=1, **overrides)
-        _, draft, result = train_distilled_draft(config, target=target, tokenizer=tok, progress=False, log=lambda m: None)
+        _, draft, result = train_distilled_draft(
+            config, target=target, tokenizer=tok, progress=False, log=lambda m: None
+        )
         weights = {k: v.detach().clone() for k, v in draft.named_parameters() if v.requires_grad}
         return result, weights
 
@@ -238,14 +244,16 @@ def test_load_refuses_other_targets_and_layer_counts(tok, trained, saved):
 @pytest.mark.parametrize("spelling", ["distilled:{}", "layers:1+{}", "layers:1"])
 def test_sps_with_the_distilled_draft_is_token_identical(tok, trained, saved, spelling):
     target, before = trained[0], trained[1]
-    llm = LLM.from_model(target, tok, engine_config=EngineConfig(num_slots=8, max_len=256), draft=spelling.format(saved))
+    llm = LLM.from_model(
+        target, tok, engine_config=EngineConfig(num_slots=8, max_len=256), draft=spelling.format(saved)
+    )
     assert llm.draft_spec == spelling.format(saved)
     shares_layers = llm.draft_runner.model.model.layers[0] is target.model.layers[0]
     assert shares_layers == (spelling == "layers:1")  # plain "layers:N" is unchanged: shared layers
     limits = ThinkingLimits(cot_cap=30, answer_cap=25, fixed_length=True)
     params = SamplingParams(max_tokens=100)
     base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
-    out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
+    out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=DraftModelConfig(num_speculative_tokens=4))
     for o, b in zip(out, base):
         assert o.token_ids == b.token_ids
         assert o.metrics["proposed_tokens"] > 0
@@ -258,8 +266,6 @@ def test_sps_with_the_distilled_draft_is_token_identical(tok, trained, saved, sp
 def test_a_fused_target_gives_the_draft_its_own_weights(tok, trained, saved):
     """A copy of a layer the engine fused must not run the original's weights (the fused
     forwards are closures over the original modules)."""
-    from selfspec.engine.fusion import compile_pointwise_modules, fused
-
     target, _, _, _, _ = trained
     fused_target = copy.deepcopy(target)
     compile_pointwise_modules(fused_target, backend="aot_eager")
@@ -278,9 +284,30 @@ def test_a_fused_target_gives_the_draft_its_own_weights(tok, trained, saved):
 def test_cli_train_draft_on_the_tiny_model(tmp_path, tok):
     out = tmp_path / "draft"
     args = [
-        "train-draft", "--model", "tiny", "--layers", "1", "--steps", "3", "--batch-size", "2", "--seq-len", "64",
-        "--rank", "4", "--heldout-items", "1", "--families", "route_finding", "--device", "cpu", "--out", str(out),
-        "--no-progress", "--log-every", "1",
+        "train-draft",
+        "--model",
+        "tiny",
+        "--layers",
+        "1",
+        "--steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "64",
+        "--rank",
+        "4",
+        "--heldout-items",
+        "1",
+        "--families",
+        "route_finding",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--log-every",
+        "1",
     ]
     result = CliRunner().invoke(cospec_app, args)
     assert result.exit_code == 0, result.output
@@ -298,8 +325,6 @@ def test_cli_train_draft_on_the_tiny_model(tmp_path, tok):
 
 
 def test_packaged_draft_names_resolve_to_the_package():
-    from selfspec_research.cospec.draft_distill import PACKAGED_DRAFTS_DIR, parse_distilled_spec, read_draft_manifest
-
     path, layers = parse_distilled_spec("distilled:smollm2-thinker-l8")
     assert path == PACKAGED_DRAFTS_DIR / "smollm2-thinker-l8" and layers is None
     manifest = read_draft_manifest(path)
@@ -313,16 +338,18 @@ def test_packaged_draft_names_resolve_to_the_package():
 def test_packaged_draft_loads_under_its_target_and_sps_is_exact():
     """The shipped draft matches smollm2-thinker's weights (signature) and SpS with it is exact."""
     pytest.importorskip("peft")
-    from selfspec.models import MissingModelPackageError
-
     try:
-        llm = LLM("smollm2-thinker", draft="distilled:smollm2-thinker-l8", engine_config=EngineConfig(num_slots=4, max_len=512))
+        llm = LLM(
+            "smollm2-thinker",
+            draft="distilled:smollm2-thinker-l8",
+            engine_config=EngineConfig(num_slots=4, max_len=512),
+        )
     except MissingModelPackageError as error:
         pytest.skip(str(error))
     limits = ThinkingLimits(cot_cap=12, answer_cap=12, fixed_length=True)
     params = SamplingParams(max_tokens=100)
     prompt = ["Write a Python class Counter with increment and reset methods."]
     base = llm.generate(prompt, params, limits=limits, thinking=True)
-    out = llm.generate(prompt, params, limits=limits, thinking=True, spec=SpeculationConfig(method="draft", num_speculative_tokens=4))
+    out = llm.generate(prompt, params, limits=limits, thinking=True, spec=DraftModelConfig(num_speculative_tokens=4))
     assert out[0].token_ids == base[0].token_ids
     assert out[0].metrics["accepted_tokens"] > 0, "the distilled draft should agree with the target sometimes"

@@ -11,7 +11,9 @@ from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
 def test_decode_and_verify_logits_agree_in_fp32(repo_script):
     tokenizer = tiny_tokenizer()
-    llm = LLM.from_model(tiny_model("llama", len(tokenizer)), tokenizer, engine_config=EngineConfig(num_slots=2, max_len=512))
+    llm = LLM.from_model(
+        tiny_model("llama", len(tokenizer)), tokenizer, engine_config=EngineConfig(num_slots=2, max_len=512)
+    )
     result = repo_script("tools/gpu/gpu_batch_invariance.py").probe(llm, tokens=40, sizes=[8])
     assert result["all"]["positions"] == 39 and result["first_disagreement"] is None
     assert result["all"]["argmax_agree"] == 1.0 and result["all"]["max_abs_diff"] < 1e-4
@@ -23,7 +25,9 @@ def test_cycled_chunk_sizes_with_a_companion_sequence_line_up(repo_script):
     """Mixed verify sizes (one per token bucket) beside a second decoding sequence, SSR's shape."""
     script = repo_script("tools/gpu/gpu_batch_invariance.py")
     tokenizer = tiny_tokenizer()
-    llm = LLM.from_model(tiny_model("llama", len(tokenizer)), tokenizer, engine_config=EngineConfig(num_slots=3, max_len=512))
+    llm = LLM.from_model(
+        tiny_model("llama", len(tokenizer)), tokenizer, engine_config=EngineConfig(num_slots=3, max_len=512)
+    )
     result = script.probe(llm, tokens=60, sizes=script.chunk_sizes("1,6,11,20"), companion=True)
     assert result["all"]["positions"] == 59 and result["first_disagreement"] is None
     assert result["all"]["max_abs_diff"] < 1e-4

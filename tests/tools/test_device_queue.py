@@ -29,8 +29,13 @@ def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):
         "ls .device > $Q_OUT/device.txt; echo $PYTHONPATH > $Q_OUT/pythonpath.txt\n"
         "exit 3\n"
     )
-    env = {**os.environ, "DEVICE_QUEUE_ROOT": str(tmp_path / "out"), "DEVICE_QUEUE_TREES": str(tmp_path / "trees"),
-           "OUT": str(tmp_path / "collected"), "PYTHONPATH": "/elsewhere"}
+    env = {
+        **os.environ,
+        "DEVICE_QUEUE_ROOT": str(tmp_path / "out"),
+        "DEVICE_QUEUE_TREES": str(tmp_path / "trees"),
+        "OUT": str(tmp_path / "collected"),
+        "PYTHONPATH": "/elsewhere",
+    }
     (tmp_path / "collected").mkdir()
     subprocess.run(["bash", "tools/gpu/device_queue.sh", "start", "0", "q_demo.txt"], cwd=repo, env=env, check=True)
     shutil.rmtree(repo / "pkg")  # the checkout changes under the running queue (a later device call)
@@ -82,13 +87,22 @@ def test_collect_keeps_whole_records_only(tmp_path: Path):
     committed = repo / "benchmarks" / "topic" / "records" / "h200" / "m_b.jsonl.gz"
     committed.parent.mkdir(parents=True)
     committed.write_bytes(gzip.compress(b'{"sample_id": "a"}\n'))
-    archives = _archive(tmp_path, "q_gpu0", {
-        "status.tsv": "1\t0\t1\t0\techo\n",
-        "logs/01.log": "line\r 50%|#####     | 1/2 [00:01<00:01]\rdone\n",
-        "raw/m_b.jsonl": '{"sample_id": "a"}\n{"sample_id": "b"}\n{"sample_id": "c", "mo',
-    })
-    result = subprocess.run(["bash", "tools/gpu/device_collect.sh", str(archives), "batch1"], cwd=repo,
-                            capture_output=True, text=True, check=True)
+    archives = _archive(
+        tmp_path,
+        "q_gpu0",
+        {
+            "status.tsv": "1\t0\t1\t0\techo\n",
+            "logs/01.log": "line\r 50%|#####     | 1/2 [00:01<00:01]\rdone\n",
+            "raw/m_b.jsonl": '{"sample_id": "a"}\n{"sample_id": "b"}\n{"sample_id": "c", "mo',
+        },
+    )
+    result = subprocess.run(
+        ["bash", "tools/gpu/device_collect.sh", str(archives), "batch1"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "dropped a torn line" in result.stderr
     assert gzip.open(committed, "rt").read() == '{"sample_id": "a"}\n{"sample_id": "b"}\n'
     review = repo / ".device" / "collected" / "batch1"
@@ -101,15 +115,25 @@ def test_collect_files_new_records_for_review_or_into_records_dir(tmp_path: Path
     """A records file no topic holds yet is not guessed into a topic: it waits in the review folder,
     or goes to $RECORDS_DIR when the caller names one; other output directories wait for review."""
     repo = _repo_with_collect(tmp_path)
-    archives = _archive(tmp_path, "q_gpu0", {"raw/new_run.jsonl": '{"sample_id": "a"}\n',
-                                             "diag/trace.json": "{}\n"})
-    subprocess.run(["bash", "tools/gpu/device_collect.sh", str(archives), "batch2"], cwd=repo,
-                   capture_output=True, text=True, check=True)
+    archives = _archive(tmp_path, "q_gpu0", {"raw/new_run.jsonl": '{"sample_id": "a"}\n', "diag/trace.json": "{}\n"})
+    subprocess.run(
+        ["bash", "tools/gpu/device_collect.sh", str(archives), "batch2"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     review = repo / ".device" / "collected" / "batch2"
     assert gzip.open(review / "records" / "new_run.jsonl.gz", "rt").read() == '{"sample_id": "a"}\n'
     assert (review / "q_gpu0_diag" / "trace.json").exists()
     target = repo / "benchmarks" / "topic" / "records" / "h200"
     env = {**os.environ, "RECORDS_DIR": str(target)}
-    subprocess.run(["bash", "tools/gpu/device_collect.sh", str(archives), "batch3"], cwd=repo, env=env,
-                   capture_output=True, text=True, check=True)
+    subprocess.run(
+        ["bash", "tools/gpu/device_collect.sh", str(archives), "batch3"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert gzip.open(target / "new_run.jsonl.gz", "rt").read() == '{"sample_id": "a"}\n'

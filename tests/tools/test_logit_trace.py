@@ -37,7 +37,9 @@ def traced(tmp_path_factory):
     # Every step in one static shape (16 tokens, one key length), as the H200's probe found its shapes:
     # then runs may differ only through the state they leave in the cache, which is what the script
     # looks for. (Eager CPU forwards of other lengths round differently even in fp32.)
-    config = EngineConfig(num_slots=4, max_len=512, static_shapes=True, graph_buckets=GraphBuckets(tokens=(16,), min_keys=512))
+    config = EngineConfig(
+        num_slots=4, max_len=512, static_shapes=True, graph_buckets=GraphBuckets(tokens=(16,), min_keys=512)
+    )
     llm = LLM.from_loaded(load_model(str(model_dir)), engine_config=config)
     sample = load_benchmark("humaneval", limit=1)[0]
     settings = BenchSettings(cot_cap=40, answer_cap=30, draft_budget=12, max_draft_len=12)
@@ -52,7 +54,13 @@ def repo_script_module():
 
 def test_fp32_runs_compute_the_baselines_bits_everywhere(traced):
     _, result = traced
-    assert [r["mode"] for r in result["runs"]] == ["baseline", "suffix-decoding", "prefix+suffix", "prompt-lookup", "baseline"]
+    assert [r["mode"] for r in result["runs"]] == [
+        "baseline",
+        "suffix-decoding",
+        "prefix+suffix",
+        "prompt-lookup",
+        "baseline",
+    ]
     assert len({r["output_hash"] for r in result["runs"]}) == 1
     for r in result["runs"]:
         assert r["slot"] >= 0 and r["self_inconsistency"] is None and r["new_compiled_graphs"] == 0
@@ -80,8 +88,10 @@ def test_compare_finds_the_first_logits_and_kv_difference(repo_script_module):
     # One decode row per position in the baseline; the other run scores positions 2-4 in one
     # verify chunk (plus a rejected token, position 5, whose row is not on the true context).
     rows_a = [(0, p, [tokens[p]], "1x1", [100 + p], [tokens[p + 1]], [1.0]) for p in range(1, 5)]
-    rows_b = [(0, 1, [tokens[1]], "1x1", [101], [7], [1.0]),
-              (0, 2, [7, 8, 9, 99], "1x4", [102, 999, 104, 5], [8, 9, 10, 3], [1.0, 0.1, 1.0, 1.0])]
+    rows_b = [
+        (0, 1, [tokens[1]], "1x1", [101], [7], [1.0]),
+        (0, 2, [7, 8, 9, 99], "1x4", [102, 999, 104, 5], [8, 9, 10, 3], [1.0, 0.1, 1.0, 1.0]),
+    ]
     a = _trace(script, "baseline", tokens, rows_a, kv_a)
     b = _trace(script, "prompt-lookup", tokens, rows_b, kv_b)
     c = script.compare(a, b)

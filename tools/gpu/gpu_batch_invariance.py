@@ -84,8 +84,15 @@ def probe(llm: LLM, tokens: int, sizes: list[int], companion: bool = False) -> d
         turn += 1
     rows = []
     for position, (a, b) in enumerate(zip(decode_logits, verify_logits)):
-        rows.append((n + position, bool(torch.equal(a, b)), int(a.argmax()) == int(b.argmax()),
-                     float((a - b).abs().max()), forward_size[position]))
+        rows.append(
+            (
+                n + position,
+                bool(torch.equal(a, b)),
+                int(a.argmax()) == int(b.argmax()),
+                float((a - b).abs().max()),
+                forward_size[position],
+            )
+        )
 
     def summary(part: list) -> dict:
         return {
@@ -102,28 +109,46 @@ def probe(llm: LLM, tokens: int, sizes: list[int], companion: bool = False) -> d
             by_split[f"{lo}-{lo + 511}"] = summary(part)
     # Per verify-forward size: which static shape (token bucket) rounds differently from decode.
     by_size = {str(size): summary([r for r in rows if r[4] == size]) for size in sorted({r[4] for r in rows})}
-    return {"prompt_tokens": n, "all": summary(rows), "by_position": by_split, "by_forward_size": by_size,
-            "first_disagreement": next((r[0] for r in rows if not r[2]), None),
-            "first_unequal": next((r[0] for r in rows if not r[1]), None)}
+    return {
+        "prompt_tokens": n,
+        "all": summary(rows),
+        "by_position": by_split,
+        "by_forward_size": by_size,
+        "first_disagreement": next((r[0] for r in rows if not r[2]), None),
+        "first_unequal": next((r[0] for r in rows if not r[1]), None),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)",
+    )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tokens", type=int, default=2400)
-    parser.add_argument("--chunk", default="16",
-                        help="Verify forward size, or a comma-separated cycle of sizes (e.g. 1,6,11,20,40: "
-                             "one per token bucket 1/8/16/32/64, the mix prompt lookup and SSR produce).")
-    parser.add_argument("--companion", action="store_true",
-                        help="Decode a second sequence in the same forwards as the verify chunks (SSR's "
-                             "parent and draft child share batched forwards).")
+    parser.add_argument(
+        "--chunk",
+        default="16",
+        help="Verify forward size, or a comma-separated cycle of sizes (e.g. 1,6,11,20,40: "
+        "one per token bucket 1/8/16/32/64, the mix prompt lookup and SSR produce).",
+    )
+    parser.add_argument(
+        "--companion",
+        action="store_true",
+        help="Decode a second sequence in the same forwards as the verify chunks (SSR's "
+        "parent and draft child share batched forwards).",
+    )
     parser.add_argument("--max-len", type=int, default=4096)
-    parser.add_argument("--token-buckets", default=None,
-                        help="Comma-separated static token buckets (default: the engine's 1,2,4,...,64). "
-                             "Starting at 2 pads decode steps to two tokens, so no forward has a size-1 "
-                             "dimension that torch.compile would specialise into a kernel of its own.")
+    parser.add_argument(
+        "--token-buckets",
+        default=None,
+        help="Comma-separated static token buckets (default: the engine's 1,2,4,...,64). "
+        "Starting at 2 pads decode steps to two tokens, so no forward has a size-1 "
+        "dimension that torch.compile would specialise into a kernel of its own.",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -134,9 +159,16 @@ def main() -> None:
         config.graph_buckets = GraphBuckets(tokens=tuple(int(x) for x in args.token_buckets.split(",")))
     llm = LLM(args.model, device="cuda", dtype=args.dtype, engine_config=config, tokenizer=args.tokenizer)
     result = {
-        "model": args.model, "dtype": args.dtype, "tokens": args.tokens, "chunk": sizes, "companion": args.companion, "max_len": args.max_len,
+        "model": args.model,
+        "dtype": args.dtype,
+        "tokens": args.tokens,
+        "chunk": sizes,
+        "companion": args.companion,
+        "max_len": args.max_len,
         "token_buckets": list(config.graph_buckets.tokens),
-        "device": device_name("cuda"), "versions": library_versions(), "inductor": inductor_modes(),
+        "device": device_name("cuda"),
+        "versions": library_versions(),
+        "inductor": inductor_modes(),
         "env": {k: os.environ.get(k) for k in ("SELFSPEC_INDUCTOR_DETERMINISTIC", "SELFSPEC_HOST_THREADS")},
         **probe(llm, args.tokens, sizes, args.companion),
     }

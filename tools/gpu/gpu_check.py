@@ -43,9 +43,16 @@ def report(name: str, ok: bool, **detail) -> None:
 def generate_ref(model, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def run_all(engine: Engine, seqs) -> None:
@@ -63,7 +70,7 @@ class ChunkProposer(SequencePolicy):
         self.calls += 1
         k = min(room, 1 + self.calls % 15)
         done = seq.num_output_tokens
-        tokens = list(self.reference[done:done + k])
+        tokens = list(self.reference[done : done + k])
         if not tokens:
             return None
         if self.calls % 4 == 0:
@@ -83,12 +90,12 @@ class TeacherForcing(SequencePolicy):
     def propose(self, engine, seq, room):
         done = seq.num_output_tokens
         k = min(room, self.chunk, len(self.tokens) - done - 1)
-        return Proposal(self.tokens[done:done + k]) if k > 0 else None
+        return Proposal(self.tokens[done : done + k]) if k > 0 else None
 
     def verify(self, engine, seq, logits, proposal):
         top = logits.argmax(dim=-1).tolist()
         done = seq.num_output_tokens
-        want = self.tokens[done:done + len(top)]  # top[i] predicts the token at done + i
+        want = self.tokens[done : done + len(top)]  # top[i] predicts the token at done + i
         self.agree += sum(int(a == b) for a, b in zip(top, want))
         self.positions += len(want)
         return VerifyResult(len(proposal.tokens), self.tokens[done + len(proposal.tokens)])
@@ -118,14 +125,22 @@ def check_tiny(device: str) -> None:
             seqs = [engine.add_request(p, SamplingParams(max_tokens=150, ignore_eos=True)) for p in prompts]
             run_all(engine, seqs)
             same = [s.output_ids == r for s, r in zip(seqs, refs)]
-            spec = engine.add_request(prompts[1], SamplingParams(max_tokens=150, ignore_eos=True),
-                                      policy=ChunkProposer(refs[1], 128))
+            spec = engine.add_request(
+                prompts[1], SamplingParams(max_tokens=150, ignore_eos=True), policy=ChunkProposer(refs[1], 128)
+            )
             run_all(engine, [spec])
             stats = engine.runner.static.stats() if engine.runner.static else {}
             stats["slot_attention"] = engine.runner.slot_attention
-            report(f"tiny-{family}-{label}", all(same) and spec.output_ids == refs[1],
-                   batch_equal=same, spec_equal=spec.output_ids == refs[1], accepted=spec.stats.accepted_tokens,
-                   static=stats, eager_forwards=engine.runner.eager_forwards, forwards=engine.runner.forwards)
+            report(
+                f"tiny-{family}-{label}",
+                all(same) and spec.output_ids == refs[1],
+                batch_equal=same,
+                spec_equal=spec.output_ids == refs[1],
+                accepted=spec.stats.accepted_tokens,
+                static=stats,
+                eager_forwards=engine.runner.eager_forwards,
+                forwards=engine.runner.forwards,
+            )
 
 
 def check_sps(device: str) -> None:
@@ -142,20 +157,26 @@ def check_sps(device: str) -> None:
     base = llm.generate(prompts, params)
     sps = llm.generate(prompts, params, spec=DraftModelConfig())
     same = [a.token_ids == b.token_ids for a, b in zip(base, sps)]
-    report("sps-draft-layers1", all(same), equal=same, draft_graphs=llm.draft_runner.runner.static.stats()
-           if llm.draft_runner.runner.static else None)
+    report(
+        "sps-draft-layers1",
+        all(same),
+        equal=same,
+        draft_graphs=llm.draft_runner.runner.static.stats() if llm.draft_runner.runner.static else None,
+    )
 
 
 def check_real(model_name: str, tokens: int, device: str, tokenizer: str | None = None) -> None:
     from selfspec.models import load_model
     from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
 
-    loaded = load_model(model_name, device=device, dtype="bfloat16" if device == "cuda" else "float32",
-                        tokenizer=tokenizer)
+    loaded = load_model(
+        model_name, device=device, dtype="bfloat16" if device == "cuda" else "float32", tokenizer=tokenizer
+    )
     model, tok = loaded.model, loaded.tokenizer
     fmt = ThinkingFormat.detect(tok)
-    prompt = build_prompt_ids(tok, "Write a long, detailed tutorial on Python classes with many examples.", fmt,
-                              enable_thinking=False)
+    prompt = build_prompt_ids(
+        tok, "Write a long, detailed tutorial on Python classes with many examples.", fmt, enable_thinking=False
+    )
     max_len = len(prompt) + tokens + 64
     eager = Engine(model, tok, EngineConfig(num_slots=2, max_len=max_len, cuda_graphs=False), eos_token_ids=[])
     seq = eager.add_request(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
@@ -173,8 +194,14 @@ def check_real(model_name: str, tokens: int, device: str, tokenizer: str | None 
         run_all(graph, [s])
         n = forcing.positions
         agree = forcing.agree / max(1, n)
-        report(f"{model_name}-{loaded.model.dtype}-top1-agreement-chunk{chunk}", agree >= 0.995, positions=n, agreement=round(agree, 5),
-               free_running_common_prefix=common, static=graph.runner.static.stats())
+        report(
+            f"{model_name}-{loaded.model.dtype}-top1-agreement-chunk{chunk}",
+            agree >= 0.995,
+            positions=n,
+            agreement=round(agree, 5),
+            free_running_common_prefix=common,
+            static=graph.runner.static.stats(),
+        )
 
 
 def main() -> int:
@@ -183,9 +210,14 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of the static path")
-    parser.add_argument("--tokenizer", action="append", default=[], metavar="MODEL=DIR",
-                        help="tokenizer directory for one --model instead of its own (repeatable; e.g. "
-                             "gemma3-270m=/tmp/m/gemma3-270m-tokenizer where transformers 5.17 builds Gemma-3's wrongly)")
+    parser.add_argument(
+        "--tokenizer",
+        action="append",
+        default=[],
+        metavar="MODEL=DIR",
+        help="tokenizer directory for one --model instead of its own (repeatable; e.g. "
+        "gemma3-270m=/tmp/m/gemma3-270m-tokenizer where transformers 5.17 builds Gemma-3's wrongly)",
+    )
     args = parser.parse_args()
     tokenizers = dict(item.split("=", 1) for item in args.tokenizer if "=" in item)
     unknown = [item for item in args.tokenizer if "=" not in item or item.split("=", 1)[0] not in args.model]
@@ -199,7 +231,11 @@ def main() -> int:
     check_sps(args.device)
     for name in args.model:
         check_real(name, args.tokens, args.device, tokenizers.get(name))
-    meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "seconds": round(time.perf_counter() - start, 1)}
+    meta = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     print(json.dumps(meta))
     if args.json:
         with open(args.json, "w") as fh:

@@ -133,9 +133,17 @@ class Tracer:
                 if logits is None:
                     continue
                 top = logits.topk(2, dim=-1).values
-                trace.rows.append((chunk.slot, chunk.start, list(chunk.token_ids), label,
-                                   fingerprint(logits).tolist(), logits.argmax(-1).tolist(),
-                                   (top[:, 0] - top[:, 1]).tolist()))
+                trace.rows.append(
+                    (
+                        chunk.slot,
+                        chunk.start,
+                        list(chunk.token_ids),
+                        label,
+                        fingerprint(logits).tolist(),
+                        logits.argmax(-1).tolist(),
+                        (top[:, 0] - top[:, 1]).tolist(),
+                    )
+                )
             if want_logits is not None:  # hand the engine what it asked for
                 forward.logits[:] = [r if w else None for r, w in zip(forward.logits, want_logits)]
             return forward
@@ -161,8 +169,12 @@ class Tracer:
         length = len(trace.tokens) - 1
         cache = runner.cache
         with torch.inference_mode():
-            kf = torch.stack([fingerprint(k[trace.slot, :, :length].transpose(0, 1).reshape(length, -1)) for k in cache.keys])
-            vf = torch.stack([fingerprint(v[trace.slot, :, :length].transpose(0, 1).reshape(length, -1)) for v in cache.values])
+            kf = torch.stack(
+                [fingerprint(k[trace.slot, :, :length].transpose(0, 1).reshape(length, -1)) for k in cache.keys]
+            )
+            vf = torch.stack(
+                [fingerprint(v[trace.slot, :, :length].transpose(0, 1).reshape(length, -1)) for v in cache.values]
+            )
         trace.kv = (kf.cpu(), vf.cpu())
 
 
@@ -183,26 +195,45 @@ def compare(base: RunTrace, other: RunTrace) -> dict:
             break
         a, b = rows_a[q][-1], rows_b[q][-1]
         if a.fp != b.fp:
-            first_logits = {"position": q, "output_index": q + 1 - base.prompt_len, "base_shape": a.label,
-                            "other_shape": b.label, "base_top1": a.top1, "other_top1": b.top1,
-                            "base_gap": a.gap, "other_gap": b.gap, "argmax_differs": a.top1 != b.top1}
+            first_logits = {
+                "position": q,
+                "output_index": q + 1 - base.prompt_len,
+                "base_shape": a.label,
+                "other_shape": b.label,
+                "base_top1": a.top1,
+                "other_top1": b.top1,
+                "base_gap": a.gap,
+                "other_gap": b.gap,
+                "argmax_differs": a.top1 != b.top1,
+            }
             break
     first_kv = None
     writers_a, writers_b = base.writers(), other.writers()
     limit = min(same_until, base.kv[0].shape[1], other.kv[0].shape[1])
     if limit > 0:
-        k_diff = (base.kv[0][:, :limit] != other.kv[0][:, :limit])
-        v_diff = (base.kv[1][:, :limit] != other.kv[1][:, :limit])
+        k_diff = base.kv[0][:, :limit] != other.kv[0][:, :limit]
+        v_diff = base.kv[1][:, :limit] != other.kv[1][:, :limit]
         any_pos = (k_diff | v_diff).any(0).nonzero()
         if len(any_pos):
             p = int(any_pos[0])
             layers = (k_diff[:, p] | v_diff[:, p]).nonzero().flatten().tolist()
-            first_kv = {"position": p, "output_index": p - base.prompt_len, "first_layer": layers[0],
-                        "layers": len(layers), "keys_differ": bool(k_diff[:, p].any()), "values_differ": bool(v_diff[:, p].any()),
-                        "base_writer": writers_a.get(p), "other_writer": writers_b.get(p),
-                        "positions_differing": int((k_diff | v_diff).any(0).sum())}
-    return {"mode": other.mode, "token_divergence": None if token_div is None else token_div - base.prompt_len,
-            "first_logits_difference": first_logits, "first_kv_difference": first_kv}
+            first_kv = {
+                "position": p,
+                "output_index": p - base.prompt_len,
+                "first_layer": layers[0],
+                "layers": len(layers),
+                "keys_differ": bool(k_diff[:, p].any()),
+                "values_differ": bool(v_diff[:, p].any()),
+                "base_writer": writers_a.get(p),
+                "other_writer": writers_b.get(p),
+                "positions_differing": int((k_diff | v_diff).any(0).sum()),
+            }
+    return {
+        "mode": other.mode,
+        "token_divergence": None if token_div is None else token_div - base.prompt_len,
+        "first_logits_difference": first_logits,
+        "first_kv_difference": first_kv,
+    }
 
 
 def self_inconsistency(trace: RunTrace) -> dict | None:
@@ -226,45 +257,78 @@ def trace_runs(llm, sample, runs: list[str], settings: BenchSettings, warm_up: b
         with tracer.recording(trace):
             record = run_engine_mode(llm, sample, mode, settings)
         traces.append(trace)
-        records.append({"mode": mode, "latency_s": record["latency_s"], "output_hash": record["output_hash"],
-                        "slot": trace.slot, "forward_shapes": record["forward_shapes"],
-                        # torch.compile graphs built during the run: eager forwards (prefill, long verify
-                        # chunks) call the compiled twins, and a new compilation mid-process could give a
-                        # later run of the same shape another kernel than an earlier one.
-                        "new_compiled_graphs": record["compiled_graphs"],
-                        # static forwards (CUDA graphs) built during the run: shapes the warm-up missed
-                        "new_static_shapes": (len(static.forwards) if static is not None else 0) - shapes_before,
-                        "self_inconsistency": self_inconsistency(trace)})
+        records.append(
+            {
+                "mode": mode,
+                "latency_s": record["latency_s"],
+                "output_hash": record["output_hash"],
+                "slot": trace.slot,
+                "forward_shapes": record["forward_shapes"],
+                # torch.compile graphs built during the run: eager forwards (prefill, long verify
+                # chunks) call the compiled twins, and a new compilation mid-process could give a
+                # later run of the same shape another kernel than an earlier one.
+                "new_compiled_graphs": record["compiled_graphs"],
+                # static forwards (CUDA graphs) built during the run: shapes the warm-up missed
+                "new_static_shapes": (len(static.forwards) if static is not None else 0) - shapes_before,
+                "self_inconsistency": self_inconsistency(trace),
+            }
+        )
     return {"sample_id": sample.id, "runs": records, "against_first": [compare(traces[0], t) for t in traces[1:]]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer directory instead of the model's own (Gemma-3 under transformers 5.17)",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--benchmark", default="humaneval")
     parser.add_argument("--id", action="append", required=True, help="Sample id (repeatable).")
-    parser.add_argument("--runs", default="baseline,suffix-decoding,prefix+suffix,prompt-lookup,baseline",
-                        help="Modes run in this order on one engine; each is compared with the first.")
+    parser.add_argument(
+        "--runs",
+        default="baseline,suffix-decoding,prefix+suffix,prompt-lookup,baseline",
+        help="Modes run in this order on one engine; each is compared with the first.",
+    )
     parser.add_argument("--max-len", type=int, default=None)
     parser.add_argument("--cot-cap", type=int, default=2000)
     parser.add_argument("--answer-cap", type=int, default=None)
     parser.add_argument("--draft-budget", type=int, default=500)
     parser.add_argument("--num-slots", type=int, default=4)
-    parser.add_argument("--token-buckets", default=None,
-                        help="Static forwards' token buckets (as bench --token-buckets; on a CPU it also puts the engine "
-                             "on the static path).")
-    parser.add_argument("--min-keys", type=int, default=128,
-                        help="Smallest key bucket; the engine's length gives every forward one key length.")
+    parser.add_argument(
+        "--token-buckets",
+        default=None,
+        help="Static forwards' token buckets (as bench --token-buckets; on a CPU it also puts the engine "
+        "on the static path).",
+    )
+    parser.add_argument(
+        "--min-keys",
+        type=int,
+        default=128,
+        help="Smallest key bucket; the engine's length gives every forward one key length.",
+    )
     # Which engine component makes runs part (bisection on the GPU): each off in turn.
-    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                        help="--no-cuda-graphs: static forwards run without capture (same buckets).")
-    parser.add_argument("--compile-pointwise", action=argparse.BooleanOptionalAction, default=None,
-                        help="--no-compile-pointwise: norms, MLP activation and rotary uncompiled.")
-    parser.add_argument("--slot-attention", action=argparse.BooleanOptionalAction, default=None,
-                        help="--no-slot-attention: static forwards gather keys and run SDPA instead of the Triton kernel.")
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--no-cuda-graphs: static forwards run without capture (same buckets).",
+    )
+    parser.add_argument(
+        "--compile-pointwise",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--no-compile-pointwise: norms, MLP activation and rotary uncompiled.",
+    )
+    parser.add_argument(
+        "--slot-attention",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--no-slot-attention: static forwards gather keys and run SDPA instead of the Triton kernel.",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -274,31 +338,58 @@ def main() -> None:
     from selfspec_bench.context_fit import fit_to_context
 
     family = args.benchmark.split("/")[0]
-    settings = BenchSettings(cot_cap=args.cot_cap, answer_cap=args.answer_cap or PAPER_ANSWER_CAPS.get(family, 1500),
-                             draft_budget=args.draft_budget, max_draft_len=args.draft_budget)
+    settings = BenchSettings(
+        cot_cap=args.cot_cap,
+        answer_cap=args.answer_cap or PAPER_ANSWER_CAPS.get(family, 1500),
+        draft_budget=args.draft_budget,
+        max_draft_len=args.draft_budget,
+    )
     everything = load_benchmark(args.benchmark)
     samples = [s for s in everything if s.id in set(args.id)]
     if len(samples) != len(set(args.id)):
         sys.exit(f"unknown ids: {sorted(set(args.id) - {s.id for s in samples})}")
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
-    fit = fit_to_context(samples, loaded.tokenizer, loaded.thinking, model_context_length(loaded.model.config),
-                         settings.cot_cap, settings.answer_cap)
+    fit = fit_to_context(
+        samples,
+        loaded.tokenizer,
+        loaded.thinking,
+        model_context_length(loaded.model.config),
+        settings.cot_cap,
+        settings.answer_cap,
+    )
     from selfspec.engine.static_forward import GraphBuckets
 
     tokens = tuple(int(x) for x in args.token_buckets.split(",")) if args.token_buckets else GraphBuckets().tokens
-    config = EngineConfig(num_slots=args.num_slots, max_len=args.max_len or fit.max_len, clamp_max_len=True,
-                          graph_buckets=GraphBuckets(tokens=tokens, min_keys=args.min_keys),
-                          static_shapes=args.token_buckets is not None or args.cuda_graphs is False,
-                          cuda_graphs=args.cuda_graphs, compile_pointwise=args.compile_pointwise,
-                          slot_attention=args.slot_attention)
+    config = EngineConfig(
+        num_slots=args.num_slots,
+        max_len=args.max_len or fit.max_len,
+        clamp_max_len=True,
+        graph_buckets=GraphBuckets(tokens=tokens, min_keys=args.min_keys),
+        static_shapes=args.token_buckets is not None or args.cuda_graphs is False,
+        cuda_graphs=args.cuda_graphs,
+        compile_pointwise=args.compile_pointwise,
+        slot_attention=args.slot_attention,
+    )
     llm = LLM.from_loaded(loaded, engine_config=config)
     runner = llm.engine.runner
-    result = {"model": args.model, "dtype": args.dtype, "token_buckets": list(tokens), "min_keys": args.min_keys,
-              "engine": {"cuda_graphs": bool(runner.static is not None and runner.static.capture),
-                         "static_shapes": runner.static is not None, "compile_pointwise": bool(runner.fused_pointwise),
-                         "slot_attention": bool(runner.slot_attention)}, "device": device_name(args.device), "versions": library_versions(),
-              "engine_max_len": llm.engine.max_len, "settings": settings.to_dict(), "date": time.strftime("%Y-%m-%d"),
-              "samples": []}
+    result = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "token_buckets": list(tokens),
+        "min_keys": args.min_keys,
+        "engine": {
+            "cuda_graphs": bool(runner.static is not None and runner.static.capture),
+            "static_shapes": runner.static is not None,
+            "compile_pointwise": bool(runner.fused_pointwise),
+            "slot_attention": bool(runner.slot_attention),
+        },
+        "device": device_name(args.device),
+        "versions": library_versions(),
+        "engine_max_len": llm.engine.max_len,
+        "settings": settings.to_dict(),
+        "date": time.strftime("%Y-%m-%d"),
+        "samples": [],
+    }
     for i, sample in enumerate(samples):
         result["samples"].append(trace_runs(llm, sample, args.runs.split(","), settings, warm_up=i == 0))
         print(json.dumps(result["samples"][-1], indent=1), flush=True)

@@ -356,7 +356,9 @@ def _print_exactness(bad: list[tuple[str, str]], budget: int | None) -> None:
 @bench_app.command()
 def report(
     inputs: list[str] = typer.Argument(..., help="JSONL files written by `selfspec bench`."),
-    out_dir: str = typer.Option("selfspec-report", help="Where report.md and the PNG plots go (committed reports: benchmarks/<topic>/)."),
+    out_dir: str = typer.Option(
+        "selfspec-report", help="Where report.md and the PNG plots go (committed reports: benchmarks/<topic>/)."
+    ),
 ) -> None:
     """Markdown tables per model x benchmark and PNG plots from bench records."""
     # Imported here, not at the top: report pulls in matplotlib and scipy (~2 s) that `selfspec bench` need not pay.

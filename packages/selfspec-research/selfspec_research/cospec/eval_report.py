@@ -45,8 +45,10 @@ def _complementarity_line(row: dict[str, Any]) -> str:
         f"{row['target_not_draft']}; oracle union {row['union']}/{n}."
     ]
     for label, c in row.get("cospec", {}).items():
-        parts.append(f"{label.replace('cospec@', 'CoSpec λ=')}: solves {c['solved']}, {c['beyond_target']} beyond the target, "
-                     f"{c['lost_vs_target']} the target solved lost.")
+        parts.append(
+            f"{label.replace('cospec@', 'CoSpec λ=')}: solves {c['solved']}, {c['beyond_target']} beyond the target, "
+            f"{c['lost_vs_target']} the target solved lost."
+        )
     return " ".join(parts)
 
 
@@ -155,11 +157,25 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
             if row["mode"] == "target":
                 axis.scatter([x], [y], marker="o", color="black", zorder=3, label="target only")
             elif row["mode"] == "sps":
-                axis.scatter([x], [y], marker="s", color="tab:blue" if not row.get("k") else "tab:cyan", zorder=3,
-                             label=f"SpS K={results.config.get('k', '?')} (lossless)" if not row.get("k") else "SpS at other K (lossless)")
+                axis.scatter(
+                    [x],
+                    [y],
+                    marker="s",
+                    color="tab:blue" if not row.get("k") else "tab:cyan",
+                    zorder=3,
+                    label=f"SpS K={results.config.get('k', '?')} (lossless)"
+                    if not row.get("k")
+                    else "SpS at other K (lossless)",
+                )
                 if row.get("k"):
-                    axis.annotate(f"K={row['k']}", (x, y), textcoords="offset points", xytext=(0, -12 - 9 * (other_k % 3)),
-                                  ha="center", fontsize=7)
+                    axis.annotate(
+                        f"K={row['k']}",
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(0, -12 - 9 * (other_k % 3)),
+                        ha="center",
+                        fontsize=7,
+                    )
                     other_k += 1
             elif row["mode"] == "draft":
                 axis.scatter([x], [y], marker="x", color="tab:gray", zorder=3, label="draft alone")
@@ -169,8 +185,13 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
             ys = [r["mean_score"] or 0.0 for r in cospec]
             axis.plot(xs, ys, marker="^", color="tab:red", label="CoSpec (LOSSY)")
             for index, (r, x, y) in enumerate(zip(cospec, xs, ys)):
-                axis.annotate(f"λ={r['threshold']:g}", (x, y), textcoords="offset points", xytext=(4, 4 + 9 * (index % 3)),
-                              fontsize=7)
+                axis.annotate(
+                    f"λ={r['threshold']:g}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=(4, 4 + 9 * (index % 3)),
+                    fontsize=7,
+                )
         axis.set_title(task, fontsize=10)
         axis.set_xlabel("speedup vs target-only (latency)")
         axis.set_ylabel("mean score")
@@ -179,7 +200,7 @@ def plot_speed_score(results: CoSpecEvalResults, path: str | Path) -> Path:
         handles, labels = axis.get_legend_handles_labels()
         unique = dict(zip(labels, handles))  # one entry per kind of point
         axis.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
-    for axis in list(axes.flat)[len(tasks):]:
+    for axis in list(axes.flat)[len(tasks) :]:
         axis.axis("off")
     fig.suptitle(f"CoSpec speed–score: {results.meta.get('model', '?')}", fontsize=11)
     fig.tight_layout()
@@ -234,7 +255,9 @@ def merge_results(paths: Sequence[str | Path]) -> CoSpecEvalResults:
                     raise ValueError(f"{path}: {key} {head.get(key)!r} differs from {merged.meta.get(key)!r}")
             for key in ("k", "thresholds", "max_tokens"):
                 if config.get(key) != merged.config.get(key):
-                    raise ValueError(f"{path}: config {key} {config.get(key)!r} differs from {merged.config.get(key)!r}")
+                    raise ValueError(
+                        f"{path}: config {key} {config.get(key)!r} differs from {merged.config.get(key)!r}"
+                    )
             merged.config["tasks"] = list(dict.fromkeys([*merged.config["tasks"], *config["tasks"]]))
         if head.get("command"):
             commands.append(head["command"])

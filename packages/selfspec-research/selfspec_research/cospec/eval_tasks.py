@@ -21,8 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from selfspec.thinking.format import split_reasoning
+from selfspec_bench.datasets.gsm8k import load_gsm8k
+from selfspec_bench.datasets.humaneval import load_humaneval
+from selfspec_bench.scoring import score as score_sample
+from selfspec_research.thinker.data_versions import DEFAULT_TASK_KNOBS, TRAIN_SEED
+from selfspec_research.thinker.tasks import check_many, format_training_text, generate_split, stable_rng
 from selfspec_research.thinker.tasks import families as thinker_families
-from selfspec_research.thinker.tasks import stable_rng
 
 GSM8K = "gsm8k"
 HUMANEVAL = "humaneval"
@@ -53,6 +58,7 @@ class EvalTask:
 
 
 def known_tasks() -> list[str]:
+    """Every task name the eval and the arbitrator trainer accept."""
     return [*thinker_families(), GSM8K, HUMANEVAL]
 
 
@@ -67,8 +73,6 @@ def parse_tasks(value: str) -> tuple[str, ...]:
 
 def check_heldout_seed(seed: int, tasks: Sequence[str], forbidden: Sequence[int] = ()) -> None:
     """Refuse a seed the target or the arbitrator was trained on (thinker families only)."""
-    from selfspec_research.thinker.train import TRAIN_SEED
-
     if not any(task not in (GSM8K, HUMANEVAL) for task in tasks):
         return
     if seed == TRAIN_SEED:
@@ -77,21 +81,21 @@ def check_heldout_seed(seed: int, tasks: Sequence[str], forbidden: Sequence[int]
         raise ValueError(f"seed {seed} is listed in the arbitrator checkpoint's training.data_seeds; use another")
 
 
-def _thinker_task(name: str, n: int, seed: int) -> EvalTask:
-    from selfspec_research.thinker.tasks import check_many, format_training_text, generate_split
-    from selfspec_research.thinker.train import DEFAULT_TASK_KNOBS
+def thinker_scorer(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
+    """The thinker families' checkers (partial credit) as an `EvalTask.score`."""
+    return [(v.passed, float(v.score)) for v in check_many(list(references), list(answers))]
 
+
+def thinker_task(name: str, n: int, seed: int, start: int = 0) -> EvalTask:
+    """`n` items of thinker family `name` from stream `seed` (indices from `start`), with
+    the thinker-data-v1 knobs, run with thinking on (they are think→answer traces)."""
     knobs = {name: dict(DEFAULT_TASK_KNOBS.get(name, {}))}
-    items = generate_split([name], seed, n, knobs=knobs)
-
-    def score(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
-        return [(v.passed, float(v.score)) for v in check_many(list(references), list(answers))]
-
+    items = generate_split([name], seed, n, knobs=knobs, start=start)
     return EvalTask(
         name=name,
         items=[EvalItem(item.uid, format_training_text(item)[0], item) for item in items],
-        thinking=True,  # the thinker families are think→answer traces (as the thinker eval runs them)
-        score=score,
+        thinking=True,
+        score=thinker_scorer,
     )
 
 
@@ -99,13 +103,25 @@ def bench_scorer() -> Scorer:
     """The benchmark's own checker (`selfspec_bench.scoring.score`, dispatched by each
     sample's benchmark: GSM8K's exact answer, HumanEval's tests in a subprocess) as an
     `EvalTask.score`."""
-    from selfspec_bench.scoring import score as score_sample
 
     def score(references: Sequence[Any], answers: Sequence[str]) -> list[tuple[bool, float]]:
         results = [score_sample(sample, answer) for sample, answer in zip(references, answers)]
         return [(r.passed, float(r.score)) for r in results]
 
     return score
+
+
+def answer_text(llm: Any, output_ids: Sequence[int], thinking: bool) -> str:
+    """The answer part of an output (after the end-of-thinking marker), decoded.
+
+    One function for every eval run, training rollout and counterfactual branch, so all
+    are scored alike.
+    """
+    fmt = llm.thinking_format
+    ids = list(output_ids)
+    if fmt is not None:
+        _, ids = split_reasoning(ids, fmt, starts_in_thinking=thinking)
+    return llm.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def _dataset_task(name: str, samples: Sequence[Any], n: int, seed: int, exclude_ids: Sequence[str] = ()) -> EvalTask:
@@ -140,16 +156,12 @@ def build_task(
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if name == GSM8K:
-        from selfspec_bench.datasets.gsm8k import load_gsm8k
-
         return _dataset_task(GSM8K, load_gsm8k(path=gsm8k_path), n, seed, exclude_gsm8k_ids)
     if name == HUMANEVAL:
-        from selfspec_bench.datasets.humaneval import load_humaneval
-
         return _dataset_task(HUMANEVAL, load_humaneval(path=humaneval_path), n, seed)  # nothing trains on HumanEval
     if name not in thinker_families():
         raise ValueError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
-    return _thinker_task(name, n, seed)
+    return thinker_task(name, n, seed)
 
 
 __all__ = [
@@ -157,9 +169,12 @@ __all__ = [
     "HUMANEVAL",
     "EvalItem",
     "EvalTask",
+    "answer_text",
+    "bench_scorer",
     "build_task",
     "check_heldout_seed",
-    "bench_scorer",
     "known_tasks",
     "parse_tasks",
+    "thinker_scorer",
+    "thinker_task",
 ]

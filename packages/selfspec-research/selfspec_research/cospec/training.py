@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from selfspec import CoSpecConfig, SamplingParams
 from selfspec.spec.cospec.arbitrator import ArbitrationState, Arbitrator, build_batch
-from selfspec.spec.cospec.policy import CoSpecConfig, Decision
+from selfspec.spec.cospec.policy import Decision
 
 # ------------------------------------------------------------------ data
 
@@ -39,8 +40,6 @@ def collect_mismatch_states(
     llm, prompts: Sequence, *, num_speculative_tokens: int = 5, max_tokens: int = 64, max_prefix_tokens: int = 512
 ) -> list[ArbitrationState]:
     """Mismatch states of greedy SpS rollouts over `prompts` (outputs are exact SpS)."""
-    from selfspec.engine.sampling import SamplingParams
-
     decisions: list[Decision] = []
     spec = CoSpecConfig(
         num_speculative_tokens=num_speculative_tokens,

@@ -21,11 +21,10 @@ from pathlib import Path
 from selfspec_bench.datasets.paths import require_file
 from selfspec_bench.datasets.sample import BenchSample, apply_window, user_message
 from selfspec_bench.scoring.result import ScoreResult
-from selfspec_research.thinker.data_versions import DATA_VERSION, TRAIN_SEED, data_version_knobs
+from selfspec_research.thinker.data_versions import DATA_VERSION, HELDOUT_SEED, TRAIN_SEED, data_version_knobs
 from selfspec_research.thinker.tasks import TaskItem, check, families, get_family
 
 DEFAULT_ITEMS = 40
-HELD_OUT_SEED = 1000
 
 
 def load_thinker_task(
@@ -53,7 +52,7 @@ def load_thinker_task(
                 items.append(item)
         items = apply_window(items, limit, offset)
     else:
-        seed = HELD_OUT_SEED if seed is None else int(seed)
+        seed = HELDOUT_SEED if seed is None else int(seed)
         if seed == TRAIN_SEED:
             raise ValueError(f"seed {seed} is the thinker's training stream; benchmark on held-out seeds")
         knobs = data_version_knobs(data_version or DATA_VERSION).get(family, {})
@@ -63,7 +62,9 @@ def load_thinker_task(
             raise ValueError(f"offset and limit must be >= 0, got {offset}, {count}")
         items = [generator.generate(seed, index) for index in range(offset, offset + count)]
     return [
-        BenchSample(id=item.uid, benchmark=benchmark, messages=user_message(item.prompt), reference={"item": item.to_dict()})
+        BenchSample(
+            id=item.uid, benchmark=benchmark, messages=user_message(item.prompt), reference={"item": item.to_dict()}
+        )
         for item in items
     ]
 

@@ -1,8 +1,8 @@
 """`selfspec thinker train` and `selfspec thinker eval`.
 
-The lead registers `thinker_app` under the main CLI (`app.add_typer(thinker_app,
-name="thinker")`); `python -m selfspec_research.thinker.cli train ...` runs the same commands
-where the main CLI's extra dependencies are missing (the GPU machine).
+The main CLI registers `thinker_app` as `selfspec thinker` through the `selfspec.commands`
+entry point; `python -m selfspec_research.thinker.cli train ...` runs the same commands
+where the main CLI's extra dependencies are missing (a bare GPU machine).
 """
 
 from __future__ import annotations
@@ -12,19 +12,27 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import typer
 
+from selfspec import LLM, EngineConfig
 from selfspec.cli.command_line import auto_device_and_dtype, explicit_command, fail
-
+from selfspec.models import ModelNotFoundError, TokenizerDefectError, load_model
+from selfspec.models.registry import ADAPTER_MANIFEST, adapter_data_version, get_model_entry
+from selfspec.run_info import device_name
+from selfspec_research.lora_training import LoraSpec
+from selfspec_research.thinker.data_versions import DATA_VERSION, DATA_VERSIONS, HELDOUT_SEED, TRAIN_SEED
+from selfspec_research.thinker.evaluate import EvalConfig, run_eval
+from selfspec_research.thinker.examples import DataSpec
+from selfspec_research.thinker.measures import convergence_table, template_control
 from selfspec_research.thinker.tasks import families as all_families
+from selfspec_research.thinker.train import TrainConfig, adapter_size_bytes, save_adapter, train_thinker
 
 thinker_app = typer.Typer(
     help="Train a small model to think (LoRA on seeded think→answer traces) and measure how its answers converge.",
     no_args_is_help=True,
     add_completion=False,
 )
-
-
 
 
 def _families(value: str) -> tuple[str, ...]:
@@ -46,11 +54,11 @@ def _knobs(value: str) -> dict[str, dict[str, Any]]:
     return parsed
 
 
-def _data_spec(families: str, seed: int, items_per_family: int, knobs: Optional[str], data_version: Optional[str]) -> Any:
+def _data_spec(
+    families: str, seed: int, items_per_family: int, knobs: Optional[str], data_version: Optional[str]
+) -> Any:
     """The data to train or evaluate on: a built-in data version (`--data-version`, default
     `DATA_VERSION`) with its knobs, or custom `--knobs` under a new `--data-version` name."""
-    from selfspec_research.thinker.train import DATA_VERSION, DATA_VERSIONS, DataSpec
-
     names = _families(families)
     if knobs is None:
         version = data_version or DATA_VERSION
@@ -74,8 +82,6 @@ _DATA_VERSION_HELP = (
 )
 
 
-
-
 def _command_line(ctx: typer.Context) -> str:
     """This invocation as an explicit `selfspec thinker ...` command (defaults included)."""
     return explicit_command(ctx, "thinker", ctx.info_name or "")
@@ -84,12 +90,19 @@ def _command_line(ctx: typer.Context) -> str:
 @thinker_app.command()
 def train(
     ctx: typer.Context,
-    out: Path = typer.Option(Path("selfspec/adapters/smollm2-thinker"), help="Adapter directory to write (the registry finds selfspec/adapters/<name>/)."),
+    out: Path = typer.Option(
+        Path("adapters/smollm2-thinker"),
+        help="Adapter directory to write; it loads by its path, and by name once placed under the weights package's adapters/.",
+    ),
     base: str = typer.Option("smollm2", help="Base model: packaged name, .gguf file or local HF directory."),
     families: str = typer.Option(",".join(all_families()), help="Comma-separated task families."),
     items_per_family: int = typer.Option(1500, min=1, help="Training items per family."),
-    data_seed: int = typer.Option(0, help="Generator stream of the training split (held-out evals use other seeds)."),
-    knobs: Optional[str] = typer.Option(None, help="JSON (or JSON file) family -> difficulty knobs; default: the data version's."),
+    data_seed: int = typer.Option(
+        TRAIN_SEED, help="Generator stream of the training split (held-out evals use other seeds)."
+    ),
+    knobs: Optional[str] = typer.Option(
+        None, help="JSON (or JSON file) family -> difficulty knobs; default: the data version's."
+    ),
     data_version: Optional[str] = typer.Option(None, help=_DATA_VERSION_HELP),
     seed: int = typer.Option(0, help="Seed of LoRA init and batch order."),
     epochs: float = typer.Option(2.0, min=0.01),
@@ -101,20 +114,25 @@ def train(
     lora_r: int = typer.Option(16, min=1),
     lora_alpha: int = typer.Option(32, min=1),
     lora_dropout: float = typer.Option(0.0, min=0.0, max=1.0),
-    early_answer_share: float = typer.Option(0.0, min=0.0, max=1.0, help="Share of examples also trained with the CoT cut at 10-90% and closed, loss on the answer only (what SSR's drafts see)."),
+    early_answer_share: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=1.0,
+        help="Share of examples also trained with the CoT cut at 10-90% and closed, loss on the answer only (what SSR's drafts see).",
+    ),
     heldout_items_per_family: int = typer.Option(8, min=0, help="Held-out items per family for the loss before/after."),
     device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto."),
     dtype: str = typer.Option("auto", help="float32 | bfloat16 (auto: bf16 on CUDA, fp32 on CPU)."),
     save_dtype: str = typer.Option("bfloat16", help="dtype of the saved adapter weights."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="Cap on optimizer steps (the LR schedule ends there)."),
-    time_budget_s: Optional[float] = typer.Option(None, help="Fit the step count to this many seconds (measured throughput); recorded, so --max-steps reproduces it."),
+    time_budget_s: Optional[float] = typer.Option(
+        None,
+        help="Fit the step count to this many seconds (measured throughput); recorded, so --max-steps reproduces it.",
+    ),
     description: Optional[str] = typer.Option(None, help="Description in the adapter manifest."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """LoRA-train a thinker on generated traces and write the adapter + TRAINING.md."""
-    from selfspec.models import ModelNotFoundError, TokenizerDefectError
-    from selfspec_research.thinker.train import LoraSpec, TrainConfig, adapter_size_bytes, save_adapter, train_thinker
-
     device, dtype = auto_device_and_dtype(device, dtype)
     data = _data_spec(families, data_seed, items_per_family, knobs, data_version)
     config = TrainConfig(
@@ -151,7 +169,10 @@ def training_markdown(config: Any, result: Any, command: str, size_bytes: int) -
     """TRAINING.md: enough to reproduce the adapter and judge the run."""
     first = result.loss_log[0] if result.loss_log else None
     last = result.loss_log[-1] if result.loss_log else None
-    knob_lines = [f"  - `{family}`: `{json.dumps(dict(knobs), sort_keys=True)}`" for family, knobs in config.data.describe()["knobs"].items()]
+    knob_lines = [
+        f"  - `{family}`: `{json.dumps(dict(knobs), sort_keys=True)}`"
+        for family, knobs in config.data.describe()["knobs"].items()
+    ]
     lines = [
         "# Training of this adapter",
         "",
@@ -173,12 +194,18 @@ def training_markdown(config: Any, result: Any, command: str, size_bytes: int) -
         f"{config.min_lr_ratio}×lr, weight decay {config.weight_decay}, grad clip {config.grad_clip}",
         f"- batches: length-grouped, right-padded, ≤ {config.tokens_per_batch} padded tokens each; "
         f"{config.epochs} epochs = {result.epochs_plan_steps} steps; planned {result.planned_steps} steps"
-        + (f" (fitted to a {config.time_budget_s:.0f} s time budget; `--max-steps {result.planned_steps}` reproduces the schedule)" if config.time_budget_s else "")
+        + (
+            f" (fitted to a {config.time_budget_s:.0f} s time budget; `--max-steps {result.planned_steps}` reproduces the schedule)"
+            if config.time_budget_s
+            else ""
+        )
         + (f" (capped by --max-steps {config.max_steps})" if config.max_steps else "")
         + f"; run: {result.steps} steps ({result.epochs_done:.2f} epochs)"
         + (" — STOPPED EARLY past the time budget" if result.stopped_early else ""),
         f"- loss on the assistant part only (CoT, close marker, answer, EOS); seed {config.seed} (LoRA init, batch order)",
-        f"- precision: base weights {config.dtype}" + (f" with {config.dtype} autocast" if config.dtype != "float32" else "") + ", LoRA weights float32",
+        f"- precision: base weights {config.dtype}"
+        + (f" with {config.dtype} autocast" if config.dtype != "float32" else "")
+        + ", LoRA weights float32",
         f"- tokens: {result.target_tokens} target / {result.padded_tokens} padded",
         f"- loss: first logged {first['loss']:.4f} (step {first['step']}), last logged {last['loss']:.4f} (step {last['step']})"
         if first and last
@@ -196,8 +223,6 @@ def training_markdown(config: Any, result: Any, command: str, size_bytes: int) -
 
 def _training_facts(model: str) -> dict[str, Any] | None:
     """Training facts of a packaged adapter, from its manifest (None for other models)."""
-    from selfspec.models.registry import ADAPTER_MANIFEST, get_model_entry
-
     entry = get_model_entry(model)
     if entry is None or entry.adapter_dir is None or not (entry.adapter_dir / ADAPTER_MANIFEST).is_file():
         return None
@@ -222,30 +247,40 @@ def _training_facts(model: str) -> dict[str, Any] | None:
 @thinker_app.command("eval")
 def eval_command(
     ctx: typer.Context,
-    model: str = typer.Option("smollm2-thinker", "--model", "-m", help="Packaged name, .gguf file or local HF directory."),
-    out_dir: Path = typer.Option(Path("benchmarks/results/thinker"), help="Where results.json, report.md and convergence.png go."),
+    model: str = typer.Option(
+        "smollm2-thinker", "--model", "-m", help="Packaged name, .gguf file or local HF directory."
+    ),
+    out_dir: Path = typer.Option(
+        Path("thinker-eval"),
+        help="Where results.json, report.md and convergence.png go (committed: benchmarks/thinker/).",
+    ),
     families: str = typer.Option(",".join(all_families()), help="Comma-separated task families."),
-    seed: int = typer.Option(1000, help="Held-out generator stream (training used seed 0)."),
+    seed: int = typer.Option(HELDOUT_SEED, help="Held-out generator stream (training used seed 0)."),
     items_per_family: int = typer.Option(40, min=1),
     knobs: Optional[str] = typer.Option(None, help="JSON (or JSON file) family -> knobs; default: the data version's."),
     data_version: Optional[str] = typer.Option(None, help=_DATA_VERSION_HELP),
     cot_cap: int = typer.Option(2500, min=1, help="Close thinking by force after this many CoT tokens."),
     answer_cap: int = typer.Option(1000, min=1, help="Stop the answer after this many tokens."),
     draft_cap: int = typer.Option(768, min=1, help="Longest draft decoded at a fork point."),
-    convergence_items_per_family: int = typer.Option(20, min=1, help="Self-stopped runs per family to fork drafts from."),
+    convergence_items_per_family: int = typer.Option(
+        20, min=1, help="Self-stopped runs per family to fork drafts from."
+    ),
     device: str = typer.Option("auto"),
     dtype: str = typer.Option("auto"),
     num_slots: int = typer.Option(64, min=1, help="Concurrent sequences in the engine."),
     max_len: int = typer.Option(6144, min=64, help="Context length of each engine slot."),
     prefill_chunk: int = typer.Option(2048, min=1),
     max_prefill_tokens: int = typer.Option(16384, min=1, help="Prefill tokens per engine step."),
-    from_results: Optional[Path] = typer.Option(None, help="Only re-render report.md and convergence.png from this results.json."),
+    from_results: Optional[Path] = typer.Option(
+        None, help="Only re-render report.md and convergence.png from this results.json."
+    ),
     notes: Optional[Path] = typer.Option(None, help="Markdown file appended to report.md (hand-written analysis)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Evaluate a thinker on held-out items: accuracy, self-stopping, loops, convergence curve."""
-    from selfspec.models import ModelNotFoundError, TokenizerDefectError
-    from selfspec_research.thinker.evaluate import EvalConfig, convergence_table, run_eval, write_outputs
+    from selfspec_research.thinker.eval_report import (
+        write_outputs,  # slow to import (the bench's records): only eval needs it
+    )
 
     note_text = notes.read_text() if notes is not None else None
     if from_results is not None:
@@ -253,25 +288,21 @@ def eval_command(
         if "template_control" not in results:
             results["template_control"] = _template_control_for(results)
         config = results["config"]
-        # The table is a pure function of the stored draft rows: recomputing it brings
-        # results written by an older version up to the current columns.
+        # The table is a pure function of the stored draft rows: recomputing it gives
+        # stored results every column the current table has.
         results["convergence"] = convergence_table(results["draft_records"], config["fork_points"], config["draft_cap"])
         for path in write_outputs(results, out_dir, results.get("training"), note_text):
             typer.echo(f"wrote {path}")
         return
-    from selfspec.engine.llm_engine import EngineConfig
-    from selfspec.llm import LLM
-
-    from selfspec.models.registry import adapter_data_version
-    from selfspec_research.thinker.train import DATA_VERSIONS
-
     if data_version is None and knobs is None and adapter_data_version(model) in DATA_VERSIONS:
         data_version = adapter_data_version(model)  # items of the kind the adapter learned
         typer.echo(f"data version {data_version} (the one {model} was trained on; --data-version picks another)")
     data = _data_spec(families, seed, items_per_family, knobs, data_version)
     trained_on = (_training_facts(model) or {}).get("data version")
     if trained_on and trained_on != data.version:
-        typer.echo(f"note: {model} was trained on {trained_on}; evaluating on {data.version} (pick with --data-version)")
+        typer.echo(
+            f"note: {model} was trained on {trained_on}; evaluating on {data.version} (pick with --data-version)"
+        )
     device, dtype = auto_device_and_dtype(device, dtype)
     config = EvalConfig(
         data=data,
@@ -282,7 +313,10 @@ def eval_command(
     )
     started = time.perf_counter()
     engine_config = EngineConfig(
-        num_slots=num_slots, max_len=max_len, prefill_chunk=prefill_chunk, max_prefill_tokens_per_step=max_prefill_tokens
+        num_slots=num_slots,
+        max_len=max_len,
+        prefill_chunk=prefill_chunk,
+        max_prefill_tokens_per_step=max_prefill_tokens,
     )
     try:
         llm = LLM(model=model, device=device, dtype=dtype, engine_config=engine_config)
@@ -303,10 +337,6 @@ def eval_command(
 def _template_control_for(results: dict[str, Any]) -> dict[str, Any]:
     """The unrelated-answer control for results written before it existed: it needs only
     the reference answers (regenerated from the recorded data spec) and the tokenizer."""
-    from selfspec.models import load_model
-    from selfspec_research.thinker.evaluate import template_control
-    from selfspec_research.thinker.train import DataSpec
-
     data = results["config"]["data"]
     spec = DataSpec(tuple(data["families"]), data["seed"], data["items_per_family"], data["knobs"], data["version"])
     loaded = load_model(results["model"])
@@ -316,10 +346,6 @@ def _template_control_for(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _device_label(device: str) -> str:
-    import torch
-
-    from selfspec.run_info import device_name
-
     return device_name(torch.device(device))
 
 

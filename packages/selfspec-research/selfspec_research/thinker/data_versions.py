@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 DATA_VERSION = "thinker-data-v1"
 """The default data version: names `DEFAULT_TASK_KNOBS` together with the task families'
 own versions. A new data version is a new entry of `DATA_VERSIONS` (never an edit of an
@@ -39,11 +38,10 @@ DEFAULT_TASK_KNOBS: dict[str, dict[str, Any]] = {
 }
 
 DATA_VERSION_V2 = "thinker-data-v2"
-"""Learnable versions of the families thinker-data-v1 failed on (see
-benchmarks/results/thinker/notes.md): record_extraction and route_finding version 2, whose
-CoTs make every piece of the answer a copy of text written just before it, and
-arithmetic_search version 2 (three small numbers in order, an explicit bounded search);
-class synthesis as in v1. A family's knobs name its version with a "version" entry
+"""Versions of the families built for what a 135M model can learn: record_extraction and
+route_finding version 2, whose CoTs make every piece of the answer a copy of text written
+just before it, and arithmetic_search version 2 (three small numbers in order, an
+explicit bounded search); class synthesis as in v1. A family's knobs name its version with a "version" entry
 (`selfspec_research.thinker.tasks.get_family` takes it); without one a family is version 1."""
 
 V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
@@ -86,8 +84,8 @@ V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
 }
 
 DATA_VERSION_V3 = "thinker-data-v3"
-"""thinker-data-v2 with route finding version 3 (a start check after every new hop of the
-search: the v1-v3 thinkers' route-finding loops were searches that missed the start)."""
+"""thinker-data-v2 with route finding version 3: a start check after every new hop of the
+search, so stopping at the start is a comparison of two names written side by side."""
 
 V3_TASK_KNOBS: dict[str, dict[str, Any]] = {
     **{name: dict(knobs) for name, knobs in V2_TASK_KNOBS.items()},
@@ -113,3 +111,6 @@ def data_version_knobs(version: str) -> dict[str, dict[str, Any]]:
 
 TRAIN_SEED = 0
 """Stream of the training split; held-out evaluation uses other seeds."""
+
+HELDOUT_SEED = 1000
+"""The held-out stream every eval and benchmark of the thinker's families defaults to."""

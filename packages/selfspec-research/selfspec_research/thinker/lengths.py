@@ -6,7 +6,7 @@ training example, per family.
 Lengths are measured with SmolLM2's own tokenizer when its converted copy is in the
 model cache (only `tokenizer.json` is read: no weights are loaded), else with the tiny
 test tokenizer (a byte-level BPE of ~420 tokens), whose counts run about 1.5-3x larger;
-the output says which tokenizer counted. The whole example is `train.encode_items`' layout (chat prompt, CoT,
+the output says which tokenizer counted. The whole example is `examples.encode_items`' layout (chat prompt, CoT,
 close marker, answer, EOS), i.e. what `--max-len` compares against.
 """
 
@@ -18,7 +18,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from selfspec.models.loader import converted_dir, resolve_cache_dir
+from selfspec.models.registry import get_model_entry
+from selfspec.thinking.format import ThinkingFormat
+from selfspec_research.thinker.data_versions import DATA_VERSION
+from selfspec_research.thinker.examples import DataSpec, encode_items
 from selfspec_research.thinker.tasks import TaskItem
+from selfspec_research.thinker.tasks import families as all_families
 
 
 def smollm2_tokenizer() -> Any | None:
@@ -29,9 +35,6 @@ def smollm2_tokenizer() -> Any | None:
     """
     try:
         from transformers import AutoTokenizer
-
-        from selfspec.models.loader import converted_dir, resolve_cache_dir
-        from selfspec.models.registry import get_model_entry
 
         entry = get_model_entry("smollm2")
         if entry is None or entry.gguf is None or entry.gguf.missing_distributions():
@@ -57,9 +60,6 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
 
 def length_stats(tokenizer: Any, items: Sequence[TaskItem]) -> dict[str, dict[str, dict[str, float]]]:
     """family -> part (prompt, cot, answer, example) -> min/median/mean/p90/max tokens."""
-    from selfspec.thinking.format import ThinkingFormat
-    from selfspec_research.thinker.train import encode_items
-
     fmt = ThinkingFormat.detect(tokenizer, kind="prompted")
     examples = encode_items(tokenizer, fmt, items)
     counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
@@ -77,14 +77,13 @@ def format_stats(stats: dict[str, dict[str, dict[str, float]]], tokenizer_name: 
     for family, parts in stats.items():
         lines.append(f"{family}:")
         for part, s in parts.items():
-            lines.append(f"  {part:8s} {s['min']:>5} / {s['median']:>7} / {s['mean']:>7} / {s['p90']:>5} / {s['max']:>5}")
+            lines.append(
+                f"  {part:8s} {s['min']:>5} / {s['median']:>7} / {s['mean']:>7} / {s['p90']:>5} / {s['max']:>5}"
+            )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from selfspec_research.thinker.tasks import families as all_families
-    from selfspec_research.thinker.train import DATA_VERSION, DataSpec
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-version", default=DATA_VERSION)
     parser.add_argument("--families", default=",".join(all_families()))
@@ -92,11 +91,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     spec = DataSpec.for_version(
-        args.data_version, families=tuple(args.families.split(",")), seed=args.seed, items_per_family=args.items_per_family
+        args.data_version,
+        families=tuple(args.families.split(",")),
+        seed=args.seed,
+        items_per_family=args.items_per_family,
     )
     tokenizer, name = smollm2_tokenizer(), "SmolLM2"
     if tokenizer is None:
-        from selfspec.testing.tiny import tiny_tokenizer
+        from selfspec.testing.tiny import tiny_tokenizer  # slow to import (every model class): the fallback only
 
         tokenizer, name = tiny_tokenizer(), "tiny test tokenizer: SmolLM2 is not cached; counts run about 1.5-3x larger"
     print(f"{spec.version}, seed {spec.seed}")

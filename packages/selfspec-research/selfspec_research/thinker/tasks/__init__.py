@@ -15,14 +15,14 @@ index, knobs), so any process regenerates the same split.
 A family can have several versions (``versions(name)``); version 1 is the default. A
 version is picked like a knob: ``get_family("route_finding", version=2)``, or a
 ``"version"`` entry in the knobs a split gets (that is how a data version such as
-``thinker-data-v2`` in `selfspec_research.thinker.train` selects them). Checking dispatches on the
+``thinker-data-v2`` in `selfspec_research.thinker.data_versions` selects them). Checking dispatches on the
 item's own version, so stored items of any version check alike.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .arithmetic_search import ArithmeticSearch, ArithmeticSearchV2
@@ -45,7 +45,13 @@ DEFAULT_VERSION = 1
 
 _FAMILY_TYPES: dict[str, dict[int, type[TaskFamily]]] = {}
 for _family in (
-    ClassSynthesis, RecordExtraction, RouteFinding, ArithmeticSearch, RecordExtractionV2, RouteFindingV2, ArithmeticSearchV2,
+    ClassSynthesis,
+    RecordExtraction,
+    RouteFinding,
+    ArithmeticSearch,
+    RecordExtractionV2,
+    RouteFindingV2,
+    ArithmeticSearchV2,
     RouteFindingV3,
 ):
     _FAMILY_TYPES.setdefault(_family.name, {})[_family.version] = _family
@@ -122,13 +128,6 @@ def check_many(items: Sequence[TaskItem], answers: Sequence[str]) -> list[CheckR
     return [result for result in results if result is not None]
 
 
-def iter_items(family: str, seed: int, indices: Iterable[int], **knobs: Any) -> Iterable[TaskItem]:
-    """Lazily generate items (for writing large splits without holding them all)."""
-    instance = get_family(family, **knobs)
-    for index in indices:
-        yield instance.generate(seed, index)
-
-
 __all__ = [
     "ArithmeticSearch",
     "ArithmeticSearchV2",
@@ -139,6 +138,7 @@ __all__ = [
     "RecordExtractionV2",
     "RouteFinding",
     "RouteFindingV2",
+    "RouteFindingV3",
     "TaskFamily",
     "TaskItem",
     "check",
@@ -150,7 +150,6 @@ __all__ = [
     "generate",
     "generate_split",
     "get_family",
-    "iter_items",
     "ordered_line_coverage",
     "stable_rng",
     "versions",

@@ -23,7 +23,6 @@ from typing import Any
 
 from .base import CheckResult, TaskFamily, TaskItem, estimate_tokens, final_answer_text, require_range
 
-OPERATORS = ("+", "-", "*", "/")
 EQUATION = re.compile(r"^\s*(\d+)\s*([-+*/x×÷])\s*(\d+)\s*=\s*(\d+)\s*\.?$")
 HEADER = re.compile(r"^\s*Puzzle\s+(\d+)\b", flags=re.IGNORECASE)
 _SYMBOLS = {"x": "*", "×": "*", "÷": "/"}
@@ -247,7 +246,11 @@ class ArithmeticSearch(TaskFamily):
             last = chain[-1]
             back = f"Work back: {target} = {last.left} {last.op} {last.right}"
             earlier = {step.result: step for step in chain[:-1]}
-            sources = [f"{value} from {earlier[value].left} {earlier[value].op} {earlier[value].right}" for value in (last.left, last.right) if value in earlier]
+            sources = [
+                f"{value} from {earlier[value].left} {earlier[value].op} {earlier[value].right}"
+                for value in (last.left, last.right)
+                if value in earlier
+            ]
             back += f", with {' and '.join(sources)}." if sources else ", both given."
             lines.append(back)
             lines += [str(step) for step in chain]
@@ -391,9 +394,16 @@ class ArithmeticSearchV2(ArithmeticSearch):
             "\n".join([f"Puzzle {k}: target {target}", *map(str, steps)])
             for k, (_, target, _, steps) in enumerate(puzzles, start=1)
         )
-        listed = [f"Puzzle {k}: numbers {', '.join(map(str, numbers))}; target {target}" for k, (numbers, target, _, _) in enumerate(puzzles, start=1)]
+        listed = [
+            f"Puzzle {k}: numbers {', '.join(map(str, numbers))}; target {target}"
+            for k, (numbers, target, _, _) in enumerate(puzzles, start=1)
+        ]
         intro = rng.choice(
-            ("Solve each of these {n} number puzzles.", "Here are {n} small number puzzles; solve them all.", "Reach every target below ({n} puzzles).")
+            (
+                "Solve each of these {n} number puzzles.",
+                "Here are {n} small number puzzles; solve them all.",
+                "Reach every target below ({n} puzzles).",
+            )
         ).format(n=len(puzzles))
         rules = (
             "Each puzzle has three numbers. Combine the first two with +, - or *, then combine that result "
@@ -412,7 +422,12 @@ class ArithmeticSearchV2(ArithmeticSearch):
         for k, (numbers, target, lines, steps) in enumerate(puzzles, start=1):
             blocks.append(
                 "\n".join(
-                    [f"Puzzle {k}: target {target}", f"Numbers in order: {', '.join(map(str, numbers))}.", *lines, *map(str, steps)]
+                    [
+                        f"Puzzle {k}: target {target}",
+                        f"Numbers in order: {', '.join(map(str, numbers))}.",
+                        *lines,
+                        *map(str, steps),
+                    ]
                 )
             )
         blocks.append(f"All {len(puzzles)} targets reached.")

@@ -65,9 +65,7 @@ def _render_method(spec: MethodSpec, subs: Mapping[str, str]) -> _RenderedMethod
     lines = [f"{INDENT}def {spec.name}({params}):"]
     lines += _docstring(doc, INDENT * 2)
     lines += [f"{INDENT * 2}{line}" if line else "" for line in body.splitlines()]
-    return _RenderedMethod(
-        spec, f"{spec.name}({params})", f"{spec.name}({spec.params})", doc, body, "\n".join(lines)
-    )
+    return _RenderedMethod(spec, f"{spec.name}({params})", f"{spec.name}({spec.params})", doc, body, "\n".join(lines))
 
 
 def _class_code(class_name: str, summary: str, methods: Sequence[_RenderedMethod]) -> str:

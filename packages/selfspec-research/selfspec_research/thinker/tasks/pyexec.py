@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 # The harness runs inside the child. It reads jobs from argv[1] and appends one JSON
 # line per finished job to argv[2], so a crash mid-batch still leaves earlier verdicts.
-_HARNESS = r'''
+_HARNESS = r"""
 import ast, builtins, contextlib, io, json, math, signal, sys
 
 class _JobTimeout(BaseException):
@@ -102,7 +102,7 @@ def main():
         out.flush()
 
 main()
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,4 @@ def run_class_tests(
     for job in jobs:
         if job["id"] not in results:
             results.update(_run_batch([job], timeout_s=2.0 + job_timeout_s, memory_bytes=memory_bytes))
-    return [
-        results.get(job["id"], JobResult([False] * len(job["tests"]), ["the test process died"]))
-        for job in jobs
-    ]
+    return [results.get(job["id"], JobResult([False] * len(job["tests"]), ["the test process died"])) for job in jobs]

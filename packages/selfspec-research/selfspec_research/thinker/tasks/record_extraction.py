@@ -4,7 +4,9 @@ The document is an HTML table, HTML cards, key-value text, prose, or a ragged pi
 table, with adverts and notes between the records and fields in messy forms. The CoT
 walks the records in document order, normalises each requested field (with a note when
 the form changes) and writes the finished row, so a draft forked after k records holds
-k rows. The checker compares rows exactly and scores row-level F1.
+k rows. The checker compares rows exactly and scores row-level F1. The documents are
+laid out by `record_documents`; the schemas, their values and messy forms are in
+`record_schemas`.
 
 Version 2 (`RecordExtractionV2`, in thinker-data-v2) is built for a very small model:
 3-6 records, a one-comparison filter on a requested column, few adverts, and a CoT in
@@ -20,180 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import vocab
 from .base import CheckResult, TaskFamily, TaskItem, estimate_tokens, final_answer_text, require_range
+from .record_documents import RENDERERS, Shown
 from .record_schemas import SCHEMAS, FilterSpec, Record, Schema, make_record
-
-
-@dataclass(frozen=True)
-class _Shown:
-    """A record as the document shows it: messy value and normalisation note per column."""
-
-    values: dict[str, str]
-    notes: dict[str, str | None]
-
-
-_NOISE = (
-    "Sponsored: {adj} {noun} deals this week only!",
-    "Advertisement - {adj} {noun}s from our partners",
-    "Last updated {date}.",
-    "Subscribe to our newsletter for more listings.",
-    "Details may change without notice.",
-    "Page {page} of {pages}",
-    "Photo: {adj} {noun} (stock image)",
-    "Tip: use the search box to filter this page.",
-)
-_SITES = ("cityguide.example", "intranet.example", "shop.example", "weekly.example", "hub.example")
-_CARD_CLASSES = ("card", "entry", "listing-item", "tile", "result")
-
-
-def _noise_line(rng: random.Random) -> str:
-    return rng.choice(_NOISE).format(
-        adj=rng.choice(vocab.ADJECTIVES),
-        noun=rng.choice(vocab.PRODUCT_NOUNS),
-        date=f"{rng.choice(('March', 'June', 'October'))} {rng.randint(1, 28)}",
-        page=rng.randint(1, 3),
-        pages=rng.randint(3, 6),
-    )
-
-
-def _labels(rng: random.Random, schema: Schema) -> dict[str, str]:
-    return {spec.column: rng.choice(spec.labels) for spec in schema.fields}
-
-
-def _cell(rng: random.Random, column: str, value: str, key_column: str) -> str:
-    if column == key_column and rng.random() < 0.5:
-        return f"<b>{value}</b>"
-    if "@" in value or "[at]" in value:
-        return f'<a href="#contact">{value}</a>'
-    if rng.random() < 0.15:
-        return f'<span class="v">{value}</span>'
-    return value
-
-
-def _rate(noise: float | None, default: float) -> float:
-    """Per-record chance of a noise block: the renderer's own default (version 1) or `noise`."""
-    return default if noise is None else noise
-
-
-# Each renderer returns the document and, per record, whether a noise block follows it
-# (the CoT mentions the adverts it steps over).
-def _render_html_table(
-    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
-) -> tuple[str, list[bool]]:
-    labels = _labels(rng, schema)
-    order = [spec.column for spec in schema.fields]
-    rng.shuffle(order)
-    lines = [
-        "<!DOCTYPE html>",
-        f"<html><head><title>{title} | {rng.choice(_SITES)}</title></head>",
-        "<body>",
-        '<nav><a href="/">Home</a> | <a href="/about">About</a> | <a href="/contact">Contact</a></nav>',
-        f"<h1>{title}</h1>",
-        f'<p class="lead">{_noise_line(rng)}</p>',
-        f'<table class="{rng.choice(("list", "data", "grid"))}">',
-        "<thead><tr>" + "".join(f"<th>{labels[c]}</th>" for c in order) + "</tr></thead>",
-        "<tbody>",
-    ]
-    noise_after = []
-    for record in shown:
-        cells = "".join(f"<td>{_cell(rng, c, record.values[c], schema.key_column)}</td>" for c in order)
-        lines.append(f"<tr>{cells}</tr>")
-        noisy = rng.random() < _rate(noise, 0.15)
-        if noisy:
-            lines.append(f'<tr class="promo"><td colspan="{len(order)}">{_noise_line(rng)}</td></tr>')
-        noise_after.append(noisy)
-    lines += ["</tbody>", "</table>", f"<footer>&copy; 2024 {rng.choice(_SITES)}</footer>", "</body></html>"]
-    return "\n".join(lines), noise_after
-
-
-def _render_html_cards(
-    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
-) -> tuple[str, list[bool]]:
-    labels = _labels(rng, schema)
-    others = [spec.column for spec in schema.fields[1:]]
-    rng.shuffle(others)
-    card_class = rng.choice(_CARD_CLASSES)
-    use_list = rng.random() < 0.5
-    lines = [f'<div id="main"><h2>{title}</h2>', f"<!-- {_noise_line(rng)} -->"]
-    noise_after = []
-    for record in shown:
-        lines.append(f'<div class="{card_class}">')
-        lines.append(f"  <h3>{record.values[schema.key_column]}</h3>")
-        if use_list:
-            lines.append("  <ul>")
-            lines += [f'    <li><span class="label">{labels[c]}:</span> {record.values[c]}</li>' for c in others]
-            lines.append("  </ul>")
-        else:
-            lines += [f"  <p><em>{labels[c]}</em> {record.values[c]}</p>" for c in others]
-        lines.append("</div>")
-        noisy = rng.random() < _rate(noise, 0.2)
-        if noisy:
-            lines.append(f'<div class="banner">{_noise_line(rng)}</div>')
-        noise_after.append(noisy)
-    lines.append("</div>")
-    return "\n".join(lines), noise_after
-
-
-def _render_key_values(
-    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
-) -> tuple[str, list[bool]]:
-    labels = _labels(rng, schema)
-    others = [spec.column for spec in schema.fields[1:]]
-    rng.shuffle(others)
-    order = [schema.key_column, *others]
-    separator = rng.choice(("---", "* * *", "========", "~~"))
-    lines = [title.upper(), "=" * len(title), _noise_line(rng), ""]
-    noise_after = []
-    for record in shown:
-        lines += [f"{labels[c]}: {record.values[c]}" for c in order]
-        noisy = rng.random() < _rate(noise, 0.2)
-        if noisy:
-            lines.append(f"Note: {_noise_line(rng)}")
-        lines.append(separator)
-        noise_after.append(noisy)
-    return "\n".join(lines), noise_after
-
-
-def _render_prose(
-    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
-) -> tuple[str, list[bool]]:
-    paragraphs = [f"{title}.", _noise_line(rng)]
-    noise_after = []
-    for record in shown:
-        paragraphs.append(rng.choice(schema.prose).format(**record.values))
-        noisy = rng.random() < _rate(noise, 0.2)
-        if noisy:
-            paragraphs.append(_noise_line(rng))
-        noise_after.append(noisy)
-    return "\n\n".join(paragraphs), noise_after
-
-
-def _render_pipes(
-    rng: random.Random, schema: Schema, title: str, shown: Sequence[_Shown], noise: float | None = None
-) -> tuple[str, list[bool]]:
-    labels = _labels(rng, schema)
-    order = [spec.column for spec in schema.fields]
-    rng.shuffle(order)
-    lines = [f"## {title}", "", "| " + " | ".join(labels[c] for c in order) + " |", "|" + "---|" * len(order)]
-    noise_after = []
-    for record in shown:
-        pad = lambda text: " " * rng.randint(0, 2) + text + " " * rng.randint(0, 2)  # noqa: E731
-        lines.append("|" + "|".join(pad(record.values[c]) for c in order) + "|")
-        noisy = rng.random() < _rate(noise, 0.15)
-        if noisy:
-            lines.append(f"> {_noise_line(rng)}")
-        noise_after.append(noisy)
-    return "\n".join(lines), noise_after
-
-
-_RENDERERS = {
-    "an HTML table": _render_html_table,
-    "HTML cards": _render_html_cards,
-    "key-value blocks": _render_key_values,
-    "paragraphs of prose": _render_prose,
-    "a pipe-separated table": _render_pipes,
-}
 
 
 def parse_tsv(text: str) -> list[list[str]]:
@@ -272,7 +103,7 @@ class RecordExtraction(TaskFamily):
         records = self._draw_records(rng, schema, columns, record_filter)
         shown = [self._mess_up(rng, schema, record) for record in records]
 
-        kind, renderer = rng.choice(list(_RENDERERS.items()))
+        kind, renderer = rng.choice(list(RENDERERS.items()))
         title = rng.choice(schema.titles)
         document, noise_after = renderer(rng, schema, title, shown)
 
@@ -327,15 +158,20 @@ class RecordExtraction(TaskFamily):
         return records
 
     @staticmethod
-    def _mess_up(rng: random.Random, schema: Schema, record: Record) -> _Shown:
+    def _mess_up(rng: random.Random, schema: Schema, record: Record) -> Shown:
         values, notes = {}, {}
         for spec in schema.fields:
             values[spec.column], notes[spec.column] = spec.messy(rng, record[spec.column])
-        return _Shown(values, notes)
+        return Shown(values, notes)
 
     @staticmethod
     def _prompt(
-        rng: random.Random, schema: Schema, columns: Sequence[str], record_filter: FilterSpec | None, kind: str, document: str
+        rng: random.Random,
+        schema: Schema,
+        columns: Sequence[str],
+        record_filter: FilterSpec | None,
+        kind: str,
+        document: str,
     ) -> str:
         rules = [schema.field(c).rule for c in columns if schema.field(c).rule]
         lines = [
@@ -363,7 +199,7 @@ class RecordExtraction(TaskFamily):
         record_filter: FilterSpec | None,
         kind: str,
         records: Sequence[Record],
-        shown: Sequence[_Shown],
+        shown: Sequence[Shown],
         noise_after: Sequence[bool],
         header: str,
     ) -> str:
@@ -409,7 +245,11 @@ class RecordExtraction(TaskFamily):
             return CheckResult(True, 1.0, f"{len(rows)} rows match")
         missing = len(expected_rows) - sum((Counter(map(tuple, expected_rows)) & Counter(map(tuple, rows))).values())
         order_only = sorted(map(tuple, rows)) == sorted(map(tuple, expected_rows))
-        detail = "rows match but in a different order" if order_only else f"{missing} expected rows missing or wrong, got {len(rows)} rows"
+        detail = (
+            "rows match but in a different order"
+            if order_only
+            else f"{missing} expected rows missing or wrong, got {len(rows)} rows"
+        )
         return CheckResult(False, score, detail)
 
 
@@ -426,7 +266,11 @@ _V2_FILTERS: dict[str, tuple[tuple[str, tuple[str, ...] | None], ...]] = {
     "staff": (("department", None), ("city", None)),
     "products": (("category", None), ("price", ("50", "100", "200")), ("stock", ("1", "10", "20"))),
     "events": (("venue", None), ("seats", ("200", "500", "1000"))),
-    "books": (("year", ("1980", "1990", "2000", "2010")), ("pages", ("200", "300", "400")), ("price", ("10", "20", "30"))),
+    "books": (
+        ("year", ("1980", "1990", "2000", "2010")),
+        ("pages", ("200", "300", "400")),
+        ("price", ("10", "20", "30")),
+    ),
     "flights": (("origin", None), ("destination", None), ("departure", ("10:00", "12:00", "15:00"))),
     "restaurants": (("cuisine", None), ("district", None), ("rating", ("3.5", "4.0", "4.5"))),
 }
@@ -511,7 +355,12 @@ class RecordExtractionV2(RecordExtraction):
         self.keep_rate, self.messy_rate, self.noise_rate = keep_rate, messy_rate, noise_rate
 
     def knobs(self) -> dict[str, Any]:
-        return {**super().knobs(), "keep_rate": self.keep_rate, "messy_rate": self.messy_rate, "noise_rate": self.noise_rate}
+        return {
+            **super().knobs(),
+            "keep_rate": self.keep_rate,
+            "messy_rate": self.messy_rate,
+            "noise_rate": self.noise_rate,
+        }
 
     # ------------------------------------------------------------------ generation
     def build(self, rng: random.Random) -> tuple[str, str, str, dict[str, Any]]:
@@ -521,7 +370,7 @@ class RecordExtractionV2(RecordExtraction):
         records = self._v2_records(rng, schema, columns, record_filter)
         shown = [self._v2_mess_up(rng, schema, record) for record in records]
 
-        kind, renderer = rng.choice(list(_RENDERERS.items()))
+        kind, renderer = rng.choice(list(RENDERERS.items()))
         title = rng.choice(schema.titles)
         document, noise_after = renderer(rng, schema, title, shown, noise=self.noise_rate)
 
@@ -594,14 +443,14 @@ class RecordExtractionV2(RecordExtraction):
                     verdicts = {record_filter.keep(record) for record in records}
         return records
 
-    def _v2_mess_up(self, rng: random.Random, schema: Schema, record: Record) -> _Shown:
+    def _v2_mess_up(self, rng: random.Random, schema: Schema, record: Record) -> Shown:
         values, notes = {}, {}
         for spec in schema.fields:
             if rng.random() < self.messy_rate:
                 values[spec.column], notes[spec.column] = spec.messy(rng, record[spec.column])
             else:
                 values[spec.column], notes[spec.column] = record[spec.column], None
-        return _Shown(values, notes)
+        return Shown(values, notes)
 
     @staticmethod
     def _v2_cot(
@@ -610,7 +459,7 @@ class RecordExtractionV2(RecordExtraction):
         record_filter: SimpleFilter | None,
         kind: str,
         records: Sequence[Record],
-        shown: Sequence[_Shown],
+        shown: Sequence[Shown],
         noise_after: Sequence[bool],
         header: str,
     ) -> str:
@@ -628,7 +477,11 @@ class RecordExtractionV2(RecordExtraction):
             + (" if it is kept." if record_filter else ".")
         )
         keys = [f"{k}. {record_shown.values[schema.key_column]}" for k, record_shown in enumerate(shown, start=1)]
-        listing = f"The {schema.entities} in the document, in order:\n" + "\n".join(keys) + f"\nThat is {n} {schema.entities}."
+        listing = (
+            f"The {schema.entities} in the document, in order:\n"
+            + "\n".join(keys)
+            + f"\nThat is {n} {schema.entities}."
+        )
         blocks = [plan, f"Header:\n{header}", listing]
         kept = 0
         for k, (record, record_shown, noisy) in enumerate(zip(records, shown, noise_after), start=1):

@@ -18,8 +18,18 @@ from . import vocab
 
 Record = dict[str, str]
 MONTHS = (
-    "January", "February", "March", "April", "May", "June", "July", "August",
-    "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 
 
@@ -293,7 +303,9 @@ def _equals_filter(column: str, noun: str) -> Callable[[random.Random, list[Reco
     return make
 
 
-def _at_least_filter(column: str, noun: str, values: tuple[float, ...]) -> Callable[[random.Random, list[Record]], FilterSpec]:
+def _at_least_filter(
+    column: str, noun: str, values: tuple[float, ...]
+) -> Callable[[random.Random, list[Record]], FilterSpec]:
     def make(rng: random.Random, records: list[Record]) -> FilterSpec:
         bound = rng.choice(values)
         shown = f"{bound:g}"
@@ -332,13 +344,17 @@ def _departs_from(rng: random.Random, records: list[Record]) -> FilterSpec:
     )
 
 
-def _one_of(*makers: Callable[[random.Random, list[Record]], FilterSpec]) -> Callable[[random.Random, list[Record]], FilterSpec]:
+def _one_of(
+    *makers: Callable[[random.Random, list[Record]], FilterSpec],
+) -> Callable[[random.Random, list[Record]], FilterSpec]:
     return lambda rng, records: rng.choice(makers)(rng, records)
 
 
 # ----------------------------------------------------------------------- schemas
 NAME = FieldSpec("name", ("Name", "Full name", "Employee", "Person"), _person, _messy_name, 'names as "First Last"')
-PHONE = FieldSpec("phone", ("Phone", "Tel.", "Telephone", "Direct line"), _phone, _messy_phone, "phone numbers as 415-555-0142")
+PHONE = FieldSpec(
+    "phone", ("Phone", "Tel.", "Telephone", "Direct line"), _phone, _messy_phone, "phone numbers as 415-555-0142"
+)
 
 SCHEMAS: tuple[Schema, ...] = (
     Schema(
@@ -349,7 +365,9 @@ SCHEMAS: tuple[Schema, ...] = (
         fields=(
             NAME,
             FieldSpec("department", ("Department", "Dept.", "Team", "Unit"), _pick(vocab.DEPARTMENTS), _as_is),
-            FieldSpec("email", ("Email", "E-mail", "Mail", "Contact"), _email_for, _messy_email, "emails in lower case with @"),
+            FieldSpec(
+                "email", ("Email", "E-mail", "Mail", "Contact"), _email_for, _messy_email, "emails in lower case with @"
+            ),
             PHONE,
             FieldSpec("city", ("City", "Office", "Location", "Based in"), _pick(vocab.CITIES), _as_is),
         ),
@@ -366,13 +384,29 @@ SCHEMAS: tuple[Schema, ...] = (
         entities="products",
         titles=("Catalogue", "New arrivals", "Shop listing", "Price list", "Clearance corner"),
         fields=(
-            FieldSpec("sku", ("SKU", "Item code", "Ref.", "Article no."), _sku, _messy_upper, "SKUs in upper case, without #"),
+            FieldSpec(
+                "sku", ("SKU", "Item code", "Ref.", "Article no."), _sku, _messy_upper, "SKUs in upper case, without #"
+            ),
             FieldSpec("product", ("Product", "Item", "Article", "Name"), _product, _as_is),
             FieldSpec("category", ("Category", "Section", "Aisle", "Range"), _pick(vocab.CATEGORIES), _as_is),
-            FieldSpec("price", ("Price", "Cost", "Our price", "Now"), _price(4, 450), _messy_price, "prices as plain numbers with two decimals (1299.00)"),
-            FieldSpec("stock", ("Stock", "Availability", "On hand", "Qty"), lambda rng, r: str(rng.choice((0, 0, rng.randint(1, 60), rng.randint(1, 60), rng.randint(1, 60)))), _messy_stock, "stock as a whole number (0 when sold out)"),
+            FieldSpec(
+                "price",
+                ("Price", "Cost", "Our price", "Now"),
+                _price(4, 450),
+                _messy_price,
+                "prices as plain numbers with two decimals (1299.00)",
+            ),
+            FieldSpec(
+                "stock",
+                ("Stock", "Availability", "On hand", "Qty"),
+                lambda rng, r: str(rng.choice((0, 0, rng.randint(1, 60), rng.randint(1, 60), rng.randint(1, 60)))),
+                _messy_stock,
+                "stock as a whole number (0 when sold out)",
+            ),
         ),
-        filters=_one_of(_in_stock, _equals_filter("category", "products"), _at_least_filter("price", "products", (50, 100, 200))),
+        filters=_one_of(
+            _in_stock, _equals_filter("category", "products"), _at_least_filter("price", "products", (50, 100, 200))
+        ),
         prose=(
             "The {product} ({sku}) from our {category} range costs {price}, stock: {stock}.",
             "In {category}: {product}, code {sku}, priced at {price} ({stock}).",
@@ -389,9 +423,17 @@ SCHEMAS: tuple[Schema, ...] = (
             FieldSpec("date", ("Date", "When", "Day", "On"), _date, _messy_date, "dates as YYYY-MM-DD"),
             FieldSpec("time", ("Time", "Starts", "Doors", "Start"), _time, _messy_time, "times as 24-hour HH:MM"),
             FieldSpec("venue", ("Venue", "Where", "Place", "Location"), _pick(vocab.VENUES), _as_is),
-            FieldSpec("seats", ("Seats", "Capacity", "Places", "Tickets"), _int_range(40, 2400, 20), _messy_count("seats"), "seat counts as plain whole numbers"),
+            FieldSpec(
+                "seats",
+                ("Seats", "Capacity", "Places", "Tickets"),
+                _int_range(40, 2400, 20),
+                _messy_count("seats"),
+                "seat counts as plain whole numbers",
+            ),
         ),
-        filters=_one_of(_year_from, _at_least_filter("seats", "events", (200, 500, 1000)), _equals_filter("venue", "events")),
+        filters=_one_of(
+            _year_from, _at_least_filter("seats", "events", (200, 500, 1000)), _equals_filter("venue", "events")
+        ),
         prose=(
             "{event} comes to the {venue} on {date}, starting {time}, with {seats} available.",
             "On {date} at {time} the {venue} hosts {event} (capacity {seats}).",
@@ -405,12 +447,29 @@ SCHEMAS: tuple[Schema, ...] = (
         titles=("Reading list", "New in the library", "Staff picks", "Second-hand shelf", "Book club archive"),
         fields=(
             FieldSpec("title", ("Title", "Book", "Work", "Name"), _book, _as_is),
-            FieldSpec("author", ("Author", "By", "Writer", "Written by"), _person, _messy_name, 'authors as "First Last"'),
+            FieldSpec(
+                "author", ("Author", "By", "Writer", "Written by"), _person, _messy_name, 'authors as "First Last"'
+            ),
             FieldSpec("year", ("Year", "Published", "First edition", "Pub. year"), _int_range(1950, 2024), _as_is),
-            FieldSpec("pages", ("Pages", "Length", "Extent", "pp."), _int_range(96, 1180), _messy_count("pages"), "page counts as plain whole numbers"),
-            FieldSpec("price", ("Price", "Cost", "Our price", "Now"), _price(3, 60), _messy_price, "prices as plain numbers with two decimals (1299.00)"),
+            FieldSpec(
+                "pages",
+                ("Pages", "Length", "Extent", "pp."),
+                _int_range(96, 1180),
+                _messy_count("pages"),
+                "page counts as plain whole numbers",
+            ),
+            FieldSpec(
+                "price",
+                ("Price", "Cost", "Our price", "Now"),
+                _price(3, 60),
+                _messy_price,
+                "prices as plain numbers with two decimals (1299.00)",
+            ),
         ),
-        filters=_one_of(_at_least_filter("year", "books", (1980, 1990, 2000, 2010)), _at_least_filter("pages", "books", (200, 300, 400))),
+        filters=_one_of(
+            _at_least_filter("year", "books", (1980, 1990, 2000, 2010)),
+            _at_least_filter("pages", "books", (200, 300, 400)),
+        ),
         prose=(
             "{title} by {author} ({year}) runs to {pages} and sells for {price}.",
             "First published in {year}, {author}'s {title} has {pages}; price {price}.",
@@ -423,11 +482,19 @@ SCHEMAS: tuple[Schema, ...] = (
         entities="flights",
         titles=("Departures", "Flight board", "Timetable", "Schedule changes", "Today's flights"),
         fields=(
-            FieldSpec("flight", ("Flight", "Flight no.", "Service", "No."), _flight, _messy_upper, "flight numbers in upper case, without #"),
+            FieldSpec(
+                "flight",
+                ("Flight", "Flight no.", "Service", "No."),
+                _flight,
+                _messy_upper,
+                "flight numbers in upper case, without #",
+            ),
             FieldSpec("origin", ("From", "Origin", "Departs", "Leaving"), _pick(vocab.AIRPORT_CITIES), _as_is),
             FieldSpec("destination", ("To", "Destination", "Arrives", "Going to"), _destination, _as_is),
             FieldSpec("date", ("Date", "Day", "On", "Departure date"), _date, _messy_date, "dates as YYYY-MM-DD"),
-            FieldSpec("departure", ("Dep.", "Departure", "Leaves", "Time"), _time, _messy_time, "times as 24-hour HH:MM"),
+            FieldSpec(
+                "departure", ("Dep.", "Departure", "Leaves", "Time"), _time, _messy_time, "times as 24-hour HH:MM"
+            ),
         ),
         filters=_one_of(_equals_filter("origin", "flights"), _departs_from),
         prose=(
@@ -445,10 +512,18 @@ SCHEMAS: tuple[Schema, ...] = (
             FieldSpec("restaurant", ("Restaurant", "Name", "Place", "Spot"), _restaurant, _as_is),
             FieldSpec("cuisine", ("Cuisine", "Food", "Kitchen", "Style"), _pick(vocab.CUISINES), _as_is),
             FieldSpec("district", ("District", "Area", "Neighbourhood", "Where"), _pick(vocab.DISTRICTS), _as_is),
-            FieldSpec("rating", ("Rating", "Score", "Stars", "Our verdict"), _rating, _messy_rating, "ratings as plain numbers with one decimal (4.5)"),
+            FieldSpec(
+                "rating",
+                ("Rating", "Score", "Stars", "Our verdict"),
+                _rating,
+                _messy_rating,
+                "ratings as plain numbers with one decimal (4.5)",
+            ),
             PHONE,
         ),
-        filters=_one_of(_at_least_filter("rating", "restaurants", (3.5, 4.0)), _equals_filter("cuisine", "restaurants")),
+        filters=_one_of(
+            _at_least_filter("rating", "restaurants", (3.5, 4.0)), _equals_filter("cuisine", "restaurants")
+        ),
         prose=(
             "{restaurant} serves {cuisine} food in {district}; rating {rating}, bookings on {phone}.",
             "In {district}, {restaurant} ({cuisine}) earns {rating} - phone {phone}.",

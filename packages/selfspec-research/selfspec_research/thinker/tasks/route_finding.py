@@ -194,9 +194,7 @@ class RouteFinding(TaskFamily):
         hops = rng.randint(self.min_hops, self.max_hops)
         while True:
             network = build_network(rng, hops, self.spur_rate, self.loop_rate)
-            hop_lines = [
-                hop_line(network.route[k], network.route_lines[k], network.route[k + 1]) for k in range(hops)
-            ]
+            hop_lines = [hop_line(network.route[k], network.route_lines[k], network.route[k + 1]) for k in range(hops)]
             answer = "\n".join(hop_lines)
             if estimate_tokens(answer) >= self.min_answer_tokens or hops >= 2 * self.max_hops:
                 break
@@ -218,7 +216,10 @@ class RouteFinding(TaskFamily):
         separator = rng.choice(_SEPARATORS)
         listed = list(network.lines.items())
         rng.shuffle(listed)
-        described = [style.format(line=ride(line) if style.startswith("The") else line, stops=separator.join(stops)) for line, stops in listed]
+        described = [
+            style.format(line=ride(line) if style.startswith("The") else line, stops=separator.join(stops))
+            for line, stops in listed
+        ]
         if style.startswith("The"):
             described = [text[0].upper() + text[1:] for text in described]
         start, goal = network.route[0], network.route[-1]
@@ -272,9 +273,9 @@ class RouteFinding(TaskFamily):
         ]
         for k, line in enumerate(network.route_lines):
             here, nxt = route[k], route[k + 1]
-            options = sorted((n, l) for n, l in adj[here] if k == 0 or n != route[k - 1])
+            options = sorted((n, via) for n, via in adj[here] if k == 0 or n != route[k - 1])
             rng.shuffle(options)
-            listed = ", ".join(f"{n} ({ride(l)})" for n, l in options)
+            listed = ", ".join(f"{n} ({ride(via)})" for n, via in options)
             lead = f"Step {k + 1}: at {here}" + (" (start)" if k == 0 else "") + "."
             if len(options) == 1:
                 text = f"{lead} Only one way on: {listed}."
@@ -364,7 +365,9 @@ def build_small_network(rng: random.Random, n_stations: int, n_lines: int) -> di
     if n_stations < n_lines + 1:
         raise ValueError(f"{n_lines} lines need at least {n_lines + 1} stations")
     while True:
-        stations = [f"{first} {rng.choice(vocab.STATION_SECOND)}" for first in rng.sample(_V2_STATION_FIRST, n_stations)]
+        stations = [
+            f"{first} {rng.choice(vocab.STATION_SECOND)}" for first in rng.sample(_V2_STATION_FIRST, n_stations)
+        ]
         counts = [2] + [1] * (n_lines - 1)  # new stations per line
         for _ in range(n_stations - sum(counts)):
             counts[rng.randrange(n_lines)] += 1
@@ -448,7 +451,9 @@ class RouteFindingV2(RouteFinding):
             if far >= self.min_hops:
                 break
         else:
-            raise RuntimeError(f"no network of {n_stations} stations on {n_lines} lines has a {self.min_hops}-hop route")
+            raise RuntimeError(
+                f"no network of {n_stations} stations on {n_lines} lines has a {self.min_hops}-hop route"
+            )
         pairs = sorted((a, b) for a, row in distances.items() for b, d in row.items() if d == far)
         start, goal = rng.choice(pairs)
         listed = list(lines.items())
@@ -549,13 +554,12 @@ class RouteFindingV3(RouteFindingV2):
     new hop "From N take <line> to <station>" is followed by "Is N the start, <start>? no"
     (or "yes: the search stops.").
 
-    Why: thinker v1-v3 looped on 1-2 of 40 held-out route items each, always the same way
-    (reproduced on CPU with v3): the start turned up as a neighbour, the model wrote its hop
-    but not version 2's stop line, and the breadth-first search went on over a queue that
-    no longer changed. In version 2 the stop is decided by recognising, unprompted, that the
-    name just copied is the start given at the top of the CoT. Here the decision is asked
-    every time with both names written right before the answer, so it is a copy-and-compare
-    of adjacent text, like every other step of the CoT.
+    Why: in version 2 the search stops when the model recognises, unprompted, that the
+    name it just copied is the start given at the top of the CoT. A small model that writes
+    the hop to the start but not the stop line searches on over a queue that no longer
+    changes, and loops. Here the decision is asked every time with both names written
+    right before the answer, so it is a copy-and-compare of adjacent text, like every other
+    step of the CoT.
     """
 
     version = 3

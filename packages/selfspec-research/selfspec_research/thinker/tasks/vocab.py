@@ -9,6 +9,8 @@ Names avoid the words the checkers parse on ("to", "take", tabs, commas in cells
 
 from __future__ import annotations
 
+# Word tables, many words a line: the formatter leaves them as written.
+# fmt: off
 FIRST_NAMES = (
     "Ana", "Ben", "Chloe", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas",
     "Kira", "Liam", "Maya", "Nikhil", "Olga", "Pablo", "Quinn", "Rosa", "Sami", "Tara",
@@ -147,3 +149,4 @@ VERBS = (
     "opens", "sings", "holds", "greets", "moves", "draws", "keeps", "meets", "lifts",
 )
 ARTICLES = ("the", "a", "one", "every", "that", "this")
+# fmt: on
