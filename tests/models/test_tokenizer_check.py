@@ -16,6 +16,7 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from selfspec.models import TokenizerDefectError, load_model
+from selfspec.models import gguf as gguf_module
 from selfspec.models import loader as loader_module
 from selfspec.models.tokenizer_check import MIN_JUDGED_VOCAB, PROBE_TEXT, tokenizer_problems
 from selfspec.testing.tiny import tiny_model
@@ -87,7 +88,10 @@ def gguf_with_broken_tokenizer(tmp_path, monkeypatch):
         model.hf_quantizer = types.SimpleNamespace(is_serializable=lambda: False)
         return model, tokenizer
 
-    monkeypatch.setattr(loader_module, "load_gguf", fake_load_gguf)
+    # The conversion (models.gguf) and the loader's rebuild of a cached conversion both read the GGUF.
+    monkeypatch.setattr(gguf_module, "load_gguf", fake_load_gguf)
+    monkeypatch.setattr(gguf_module, "load_gguf_tokenizer", build_tokenizer)
+    monkeypatch.setattr(gguf_module, "gguf_adds_bos", lambda gguf_path: True)
     monkeypatch.setattr(loader_module, "load_gguf_tokenizer", build_tokenizer)
     monkeypatch.setattr(loader_module, "gguf_adds_bos", lambda gguf_path: True)
     return path, state
