@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from selfspec.engine import cpu_head
 from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
+from selfspec.engine.cpu_head import weight_major_head
 from selfspec.engine.fusion import fused
 from selfspec.engine.kv_cache import SlotKVCache, model_kv_shape
 from selfspec.engine.static_forward import GraphBuckets, StaticForwardPool
@@ -99,6 +102,7 @@ class ModelRunner:
         # transformers 5.24 renamed `past_key_values` to `cache`; 5.17 silently swallows `cache=`.
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.fused_pointwise = fused_pointwise  # use the compiled twins (engine.fusion) in forwards
+        self.cpu_head = cpu_head.applies_to(model) and os.environ.get("SELFSPEC_CPU_HEAD", "1") != "0"
         self.forwards = 0
         self.eager_forwards = 0
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
@@ -127,7 +131,11 @@ class ModelRunner:
             if end > self.max_len:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
         out = ForwardResult([None] * len(chunks), [None] * len(chunks), [""] * len(chunks))
-        with fused() if self.fused_pointwise else contextlib.nullcontext():
+        with contextlib.ExitStack() as scope:
+            if self.fused_pointwise:
+                scope.enter_context(fused())
+            if self.cpu_head:
+                scope.enter_context(weight_major_head(self.model))
             self._run_groups(chunks, out, want_logits)
         return out
 
