@@ -383,8 +383,11 @@ def main() -> None:
         meta["graph_stats_after_warmup"] = engines["engine-graph"].runner.static.stats()
         log(f"graphs captured: {meta['graph_stats_after_warmup']} ({captured:.1f}s)")
 
+    # Warm-up at every batch size: a batch's first prefill may run an eager forward of a shape
+    # the compiled pieces have not seen (a recompile), which must not land in a timing.
     for name, engine in engines.items():
-        time_engine(engine, prompt_ids, 1, 8, 1)  # warm-up
+        for b in batches:
+            time_engine(engine, prompt_ids, b, 8, 1)
     if "generate" in modes:
         time_generate(model, prompt_ids, 1, 8, 1, static=False)
 
@@ -448,6 +451,15 @@ def main() -> None:
             "host_ms_per_step": 1e3 * (step_wall - replay),
         }
         results["graph_stats"] = graph.runner.static.stats()
+        if graph.skinny_gemms is not None:
+            results["skinny_gemms"] = graph.skinny_gemms.report()
+        # The largest batch's step: GPU replay vs host, to tell which one grows with the batch.
+        big = max(batches)
+        if big > 1 and graph.runner.static.buckets.batch_bucket(big) is not None:
+            big_rate = next(r["engine-graph"] for r in results["throughput"] if r["batch"] == big)
+            big_replay = time_replay_only(graph, (graph.runner.static.buckets.batch_bucket(big), 1, kb))
+            results["floor"][f"batch{big}_step_ms"] = 1e3 * big / big_rate
+            results["floor"][f"batch{big}_graph_replay_ms"] = 1e3 * big_replay
         log(f"floor: {results['floor']}")
         if not args.skip_ssr:
             del engines

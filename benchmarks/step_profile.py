@@ -44,11 +44,72 @@ SHAPES = {
         sliding_window=512,
         query_pre_attn_scalar=256,
     ),
+    # The reasoning models users serve (published configs; random weights of these shapes).
+    "qwen3-4b": dict(
+        family="qwen3",
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+    ),
+    "qwen3-8b": dict(
+        family="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+    ),
+    # DeepSeek-R1-Distill-Qwen-7B.
+    "qwen2-7b": dict(
+        family="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+    ),
 }
+
+# Kernel classes of a step's GPU time, matched in order on the lower-cased kernel name.
+KERNEL_CLASSES = (
+    ("gemm", ("gemm", "gemv", "xmma", "cutlass", "splitk", "cublas", "matmul", "sm90_", "nvjet")),
+    ("attention", ("slot_attention", "attn", "attention", "fmha", "flash")),
+    ("sampling", ("argmax", "topk", "softmax", "sort")),
+    ("fused pointwise (inductor)", ("triton_",)),
+    ("copies, indexing", ("copy", "memcpy", "memset", "index", "scatter", "gather", "cat")),
+    ("eager pointwise", ("elementwise", "vectorized", "unrolled", "reduce")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for label, needles in KERNEL_CLASSES:
+        if any(n in low for n in needles):
+            return label
+    return "other"
 
 
 def shaped_model(name: str, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     spec = dict(SHAPES[name])
     family = spec.pop("family")
@@ -56,6 +117,10 @@ def shaped_model(name: str, dtype: torch.dtype, device: str):
         n = spec["num_hidden_layers"]
         spec["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
         config = Gemma3TextConfig(**spec)
+    elif family == "qwen3":
+        config = Qwen3Config(**spec)
+    elif family == "qwen2":
+        config = Qwen2Config(**spec)
     else:
         config = LlamaConfig(**spec)
     with torch.device(device):
@@ -75,9 +140,11 @@ def profile_body(engine: Engine, shape: tuple[int, int, int]) -> dict:
         static._body(forward)
         torch.cuda.synchronize()
     kernels: dict[str, list[float]] = collections.defaultdict(list)
+    classes: dict[str, list[float]] = collections.defaultdict(list)
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             kernels[evt.name[:90]].append(evt.device_time)
+            classes[kernel_class(evt.name)].append(evt.device_time)
     total = sum(sum(v) for v in kernels.values())
     count = sum(len(v) for v in kernels.values())
     replay = float("nan")
@@ -97,6 +164,10 @@ def profile_body(engine: Engine, shape: tuple[int, int, int]) -> dict:
         "kernel_time_ms": total / 1e3,
         "graph_replay_ms": replay,
         "top": [(name, len(v), round(sum(v), 1)) for name, v in top],
+        "classes": {
+            label: {"kernels": len(v), "us": round(sum(v), 1)}
+            for label, v in sorted(classes.items(), key=lambda kv: -sum(kv[1]))
+        },
     }
 
 
@@ -104,34 +175,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
     parser.add_argument("--keys", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", default="1", help="comma list of batch sizes")
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--variants", default="graph,graph+compile,graph+compile+slot")
     args = parser.parse_args()
     model = shaped_model(args.shape, torch.bfloat16, "cuda")
     results = {}
+    # In this order: the skinny GEMMs reroute the model's projections for every later engine.
     variants = {
-        "graph": dict(compile_pointwise=False, slot_attention=False),
-        "graph+compile": dict(compile_pointwise=True, slot_attention=False),
-        "graph+compile+slot": dict(compile_pointwise=True, slot_attention=True),
+        "graph": dict(compile_pointwise=False, slot_attention=False, skinny_gemms=False),
+        "graph+compile": dict(compile_pointwise=True, slot_attention=False, skinny_gemms=False),
+        "graph+compile+slot": dict(compile_pointwise=True, slot_attention=True, skinny_gemms=False),
+        "graph+compile+slot+skinny": dict(compile_pointwise=True, slot_attention=True, skinny_gemms=True),
     }
     for label, cfg in variants.items():
+        if label not in args.variants.split(","):
+            continue
         engine = Engine(
             model,
             None,
-            EngineConfig(num_slots=4, max_len=max(2048, args.keys), cuda_graphs=True, **cfg),
+            EngineConfig(num_slots=32, max_len=max(2048, args.keys), cuda_graphs=True, **cfg),
             eos_token_ids=[],
         )
-        shape = (args.batch, args.tokens, args.keys)
-        results[label] = profile_body(engine, shape)
-        r = results[label]
-        print(
-            f"== {args.shape} {label} B={args.batch} T={args.tokens} K={args.keys}: {r['kernels']} kernels, "
-            f"kernel time {r['kernel_time_ms']:.3f} ms, graph replay {r['graph_replay_ms']:.3f} ms"
-        )
-        for name, n, us in r["top"][: args.top]:
-            print(f"  {us:8.1f} us  x{n:4d}  {name}")
+        for batch in (int(b) for b in args.batch.split(",")):
+            shape = (batch, args.tokens, args.keys)
+            key = label if batch == 1 else f"{label} B={batch}"
+            results[key] = r = profile_body(engine, shape)
+            r["graph_stats"] = engine.runner.static.stats()
+            if engine.skinny_gemms is not None:
+                r["skinny_gemms"] = engine.skinny_gemms.report()
+            print(
+                f"== {args.shape} {label} B={batch} T={args.tokens} K={args.keys}: {r['kernels']} kernels, "
+                f"kernel time {r['kernel_time_ms']:.3f} ms, graph replay {r['graph_replay_ms']:.3f} ms"
+            )
+            for label_, c in r["classes"].items():
+                print(f"  class {label_:28s} {c['us']:8.1f} us  x{c['kernels']:4d}")
+            for name, n, us in r["top"][: args.top]:
+                print(f"  {us:8.1f} us  x{n:4d}  {name}")
+            if "skinny_gemms" in r:
+                print(f"  skinny: {json.dumps(r['skinny_gemms'])}")
+        del engine
+        torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

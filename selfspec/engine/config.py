@@ -32,6 +32,9 @@ class EngineConfig:
     compile_pointwise: bool | None = None
     # Read the slot cache in place with a Triton kernel in static forwards (None: with CUDA graphs).
     slot_attention: bool | None = None
+    # Skinny GEMMs (engine.skinny_gemm) for decode/verify steps where measured faster than
+    # cuBLAS, per weight shape (None: with compiled pointwise pieces on a CUDA device).
+    skinny_gemms: bool | None = None
     compile_backend: str = "inductor"  # "aot_eager" checks the fused path without a compiler (tests)
     # Static forwards: padded-minus-real tokens one replay may carry before rows are split
     # into another replay (a long verify chunk must not pad every decode row to its length).

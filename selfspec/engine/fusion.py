@@ -218,7 +218,8 @@ def _fuse_qkv(attn: torch.nn.Module) -> bool:
     pending: dict = {}
 
     def fused_q(x: torch.Tensor) -> torch.Tensor:
-        q, k, v = torch.nn.functional.linear(x, attn._fused_qkv_weight, attn._fused_qkv_bias).split(sizes, dim=-1)
+        linear = getattr(attn, "_selfspec_linear", torch.nn.functional.linear)
+        q, k, v = linear(x, attn._fused_qkv_weight, attn._fused_qkv_bias).split(sizes, dim=-1)
         pending["x"], pending["k"], pending["v"] = x, k, v
         return q
 
@@ -234,3 +235,58 @@ def _fuse_qkv(attn: torch.nn.Module) -> bool:
     projs[1].forward = _dispatch(projs[1].forward, fused_part("k", projs[1]))
     projs[2].forward = _dispatch(projs[2].forward, fused_part("v", projs[2]))
     return True
+
+
+# ---------------------------------------------------------------------------------- skinny GEMMs
+def _act_mul(module: torch.nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return module.act_fn(gate) * up
+
+
+def use_skinny_gemms(model: torch.nn.Module, table, backend: str = "inductor") -> list[str]:
+    """Inside `fused()`, run the decoder's projections and the LM head through `table.linear`.
+
+    `table` is an `engine.skinny_gemm.SkinnyGemmTable`: per weight shape it measured whether
+    its kernel or cuBLAS is faster (`select`), so a shape where cuBLAS wins keeps cuBLAS. Call
+    after `compile_pointwise_modules` (it reuses the fused q/k/v and gate/up weights). The MLP
+    becomes GEMM, compiled activation-times-up, GEMM: the same kernels as its compiled twin,
+    with the GEMMs outside the compiled region where the table can pick them. Returns what
+    was rerouted, for reports.
+    """
+    wrapped: set[str] = set()
+    act_mul = torch.compile(_act_mul, dynamic=True, backend=backend)
+    for module in model.modules():
+        qkv = getattr(module, "_fused_qkv_weight", None)
+        if qkv is not None and not hasattr(module, "_selfspec_linear"):
+            table.select(qkv, getattr(module, "_fused_qkv_bias", None))
+            module._selfspec_linear = table.linear
+            wrapped.add(f"{type(module).__name__}.qkv")
+        out_proj = getattr(module, "o_proj", None)
+        if qkv is not None and isinstance(out_proj, torch.nn.Linear):
+            _route_linear(out_proj, table)
+            wrapped.add(f"{type(module).__name__}.o_proj")
+        gate_up = getattr(module, "_fused_gate_up_weight", None)
+        if gate_up is not None and not getattr(module, "_selfspec_skinny", False):
+            table.select(gate_up)
+            table.select(module.down_proj.weight, module.down_proj.bias)
+            eager = getattr(module.forward, "__wrapped__", module.forward)
+
+            def skinny_mlp(x: torch.Tensor, _m=module) -> torch.Tensor:
+                h = table.linear(x, _m._fused_gate_up_weight, None)
+                return table.linear(act_mul(_m, h), _m.down_proj.weight, _m.down_proj.bias)
+
+            module.forward = _dispatch(eager, skinny_mlp)
+            module._selfspec_skinny = True
+            wrapped.add(f"{type(module).__name__}.gate_up+down")
+    head = model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear):
+        _route_linear(head, table)
+        wrapped.add("lm_head")
+    return sorted(wrapped)
+
+
+def _route_linear(linear: torch.nn.Linear, table) -> None:
+    if getattr(linear.forward, "_selfspec_fused", False):
+        return
+    table.select(linear.weight, linear.bias)
+    linear.forward = _dispatch(linear.forward, lambda x, _l=linear: table.linear(x, _l.weight, _l.bias))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache
 
-from selfspec.engine import slot_attention
+from selfspec.engine import kv_write, slot_attention
 
 
 @dataclass
@@ -80,6 +80,11 @@ class SlotKVCache(Cache):
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._routing: _StepRouting | None = None
+        self.kv_write_error: str | None = None
+        self.kv_write_pdl = False
+        self.kv_write_kernel = kv_write.available(self.keys[0].device) and self._kv_write_works()
+        if self.kv_write_kernel and kv_write.pdl_supported(self.keys[0].device):
+            self.kv_write_pdl = self._kv_write_works(use_pdl=True)
 
     # ------------------------------------------------------------------ sizing
     @staticmethod
@@ -88,6 +93,30 @@ class SlotKVCache(Cache):
         num_layers, kv_heads, head_dim = model_kv_shape(config)
         elem = torch.finfo(dtype).bits // 8
         return 2 * num_layers * kv_heads * max_len * head_dim * elem
+
+    def _kv_write_works(self, use_pdl: bool = False) -> bool:
+        """Run the KV-write kernel once into the scratch slot against advanced indexing.
+
+        A kernel this Triton cannot build, or one that writes wrongly, turns itself off here
+        (and says why in `kv_write_error`), not inside a captured forward.
+        """
+        k_buf = self.keys[0]
+        _, heads, _, dim = k_buf.shape
+        slots = torch.full((1, 2), self.scratch_slot, dtype=torch.long, device=k_buf.device)
+        positions = torch.arange(2, device=k_buf.device).view(1, 2)
+        states = torch.randn((1, heads, 2, dim), device=k_buf.device).to(k_buf.dtype)
+        try:
+            kv_write.write_kv(k_buf, self.values[0], states, -states, slots, positions, use_pdl=use_pdl)
+            ok = torch.equal(k_buf[self.scratch_slot, :, :2], states[0]) and torch.equal(
+                self.values[0][self.scratch_slot, :, :2], -states[0]
+            )
+            if not ok:
+                self.kv_write_error = "kernel output differs from advanced indexing"
+        except Exception as exc:  # noqa: BLE001 - the indexing path stays
+            ok, self.kv_write_error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+        k_buf[self.scratch_slot].zero_()
+        self.values[0][self.scratch_slot].zero_()
+        return ok
 
     # ------------------------------------------------------------------ routing
     def prepare_step(
@@ -158,9 +187,15 @@ class SlotKVCache(Cache):
         if r is None:
             raise RuntimeError("SlotKVCache.update called outside an engine step (prepare_step not called)")
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        # [B, H, T, D] -> [B, T, H, D] to match advanced indexing on dims (0, 2).
-        k_buf[r.write_slots, :, r.write_positions] = key_states.transpose(1, 2).to(k_buf.dtype)
-        v_buf[r.write_slots, :, r.write_positions] = value_states.transpose(1, 2).to(v_buf.dtype)
+        if r.direct and self.kv_write_kernel:
+            # Static forwards that read the cache in place: K and V in one kernel (see kv_write).
+            kv_write.write_kv(
+                k_buf, v_buf, key_states, value_states, r.write_slots, r.write_positions, use_pdl=self.kv_write_pdl
+            )
+        else:
+            # [B, H, T, D] -> [B, T, H, D] to match advanced indexing on dims (0, 2).
+            k_buf[r.write_slots, :, r.write_positions] = key_states.transpose(1, 2).to(k_buf.dtype)
+            v_buf[r.write_slots, :, r.write_positions] = value_states.transpose(1, 2).to(v_buf.dtype)
         if r.direct:
             # Whole buffers out; the attention function takes this step's routing from here.
             layer = self.layers[layer_idx]

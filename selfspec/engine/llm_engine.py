@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 
 from selfspec.engine.config import EngineConfig
-from selfspec.engine.fusion import compile_pointwise_modules
+from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
 from selfspec.engine.host_threads import limit_host_threads
 from selfspec.engine.kv_cache import SlotKVCache
 from selfspec.engine.model_runner import Chunk, ModelRunner
@@ -25,6 +25,7 @@ from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
+from selfspec.engine.skinny_gemm import SkinnyGemmTable
 from selfspec.engine.verify import VerifyResult, verify_proposal
 
 
@@ -79,6 +80,15 @@ class Engine:
             compile_pointwise = graphs
         if compile_pointwise:
             compile_pointwise_modules(model, backend=self.config.compile_backend)
+        skinny = self.config.skinny_gemms
+        if skinny is None:
+            skinny = bool(compile_pointwise) and device.type == "cuda"
+        self.skinny_gemms: SkinnyGemmTable | None = None
+        if skinny:
+            if not compile_pointwise:
+                raise ValueError("skinny_gemms needs compile_pointwise (it reroutes the fused projections)")
+            self.skinny_gemms = SkinnyGemmTable()
+            use_skinny_gemms(model, self.skinny_gemms, backend=self.config.compile_backend)
         self.runner = ModelRunner(
             model,
             num_slots=self.config.num_slots,

@@ -269,6 +269,8 @@ class StaticForwardPool:
             "capture_error": self.capture_error,
             "slot_attention": self.runner.slot_attention,
             "slot_attention_error": self.slot_attention_error,
+            "kv_write_kernel": self.runner.cache.kv_write_kernel,
+            "kv_write_error": self.runner.cache.kv_write_error,
             "shapes": len(self.forwards),
             "capture_seconds": round(self.capture_seconds, 3),
             "replays": sum(f.replays for f in self.forwards.values()),
