@@ -25,6 +25,7 @@ INSTALL_HINT = "structured output needs xgrammar: pip install 'selfspec[structur
 
 # Tool-call formats xgrammar knows, by our parser family names (`selfspec.server.tool_calls`).
 STRUCTURAL_TAG_MODELS = {"hermes": "qwen_3", "qwen3_xml": "qwen_3_5", "llama3_json": "llama"}
+CALL_SEPARATORS = {"hermes": "\n", "qwen3_xml": "\n", "llama3_json": "; "}
 
 
 class GrammarError(ValueError):
@@ -105,15 +106,33 @@ class GrammarCompiler:
 
     def tool_calls(self, family: str, tools: list[dict], tool_choice: Any, *, parallel: bool = True) -> Any:
         """The model family's tool-call syntax with `tools`' argument schemas, as `tool_choice`
-        demands ("required": at least one call; a named function: exactly that one)."""
+        demands ("required": one or more calls and nothing else, one with `parallel` False; a named
+        function: exactly one call of it)."""
         xgr = _xgrammar()
         model = STRUCTURAL_TAG_MODELS.get(family)
         if model is None:
             raise GrammarError(f"no tool-call grammar for the {family!r} format")
+        from xgrammar.structural_tag import StructuralTag, TagsWithSeparatorFormat, TriggeredTagsFormat
+
         try:
             tag = xgr.get_model_structural_tag(
-                model, tools=tools, tool_choice=tool_choice, reasoning="disabled", parallel_tool_calls=parallel
+                model,
+                tools=tools,
+                tool_choice=tool_choice,
+                reasoning="disabled",
+                parallel_tool_calls=parallel,
+                max_whitespace_cnt=1,  # as for JSON schemas: no whitespace loops in the arguments
             )
+            if tool_choice == "required" and isinstance(tag.format, TriggeredTagsFormat):
+                # xgrammar's "required" still allows free text around the calls; a forced answer is
+                # the calls alone, then the end of the turn.
+                calls = TagsWithSeparatorFormat(
+                    tags=tag.format.tags,
+                    separator=CALL_SEPARATORS[family],
+                    at_least_one=True,
+                    stop_after_first=not parallel,
+                )
+                tag = StructuralTag(format=calls)
             return xgr.Grammar.from_structural_tag(tag)
         except Exception as exc:  # noqa: BLE001
             raise GrammarError(f"the tools do not compile to a tool-call grammar: {exc}") from None

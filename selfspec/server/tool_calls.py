@@ -118,7 +118,7 @@ class ToolCallParser:
         if not self._inside:
             return rest, []
         self._inside = False
-        call = self.parse_body(rest)
+        call = self.parse_body(rest[: len(rest) - _partial_suffix(rest, self.end)])
         return ("", [call]) if call is not None else (self.start + rest, [])
 
 
