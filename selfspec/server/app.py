@@ -116,13 +116,18 @@ class ServerState:
         chunks: list[bytes] = []
         size = 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
-                chunks.append(chunk)
+            async with asyncio.timeout(self.config.body_timeout_s):  # a stalled body must not hold the socket
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
+                    chunks.append(chunk)
         except ClientDisconnect:
             raise _BodyAbandoned() from None
+        except TimeoutError:
+            raise APIError(
+                408, f"the request body did not arrive within {self.config.body_timeout_s:g} s", code="timeout"
+            ) from None
         raw = b"".join(chunks)
         if not raw.strip():
             raise APIError(400, "the body is empty; send a JSON object", code="invalid_json")
