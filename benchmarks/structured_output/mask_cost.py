@@ -133,7 +133,11 @@ def main() -> None:
     for name, tok in tokenizers:
         vocab = len(tok)
         ids = tok.encode(TEXT, add_special_tokens=False)
-        for engine, walk in (("xgrammar", walk_xgrammar), ("llguidance", walk_llguidance), ("outlines-core", walk_outlines)):
+        for engine, walk in (
+            ("xgrammar", walk_xgrammar),
+            ("llguidance", walk_llguidance),
+            ("outlines-core", walk_outlines),
+        ):
             try:
                 setup_s, compile_s, times = walk(tok, ids, vocab)
             except Exception as exc:  # noqa: BLE001 - a measurement table, not a library
