@@ -204,6 +204,11 @@ class LLM:
         enable = self._thinking_enabled(thinking)
         return build_prompt_ids(self.tokenizer, prompt, fmt, enable_thinking=enable, tools=tools)
 
+    def thinking_enabled(self, thinking: bool | None) -> bool:
+        """Whether a request asking `thinking` (None: the model's default) thinks first; its
+        answer, not its reasoning, then follows a grammar (`submit(grammar=...)`)."""
+        return self._thinking_enabled(thinking)
+
     def _thinking_enabled(self, thinking: bool | None) -> bool:
         fmt = self.thinking_format
         if fmt is None or fmt.kind == "none":

@@ -138,17 +138,27 @@ class GrammarCompiler:
             raise GrammarError(f"the tools do not compile to a tool-call grammar: {exc}") from None
 
     # ------------------------------------------------------------------ per sequence
-    def constraint(self, grammar: Any, *, start: int, open_after: Sequence[Sequence[int]] = ()) -> SequenceConstraint:
-        """A sequence's constraint over `grammar`. Behind a gate (`open_after`, the end of
-        thinking) up to 8 whitespace characters may lead, as templates put a blank line after the
-        marker (bounded: a small model could otherwise loop on newlines), and the stop tokens are
-        masked until the gate opens."""
+    def compile(self, grammar: Any, *, gated: bool = False) -> Any:
+        """The compiled grammar a constraint matches (slow for big schemas: the server calls this
+        in its planner thread, not on the engine's). `gated`: for a thinking request, whose answer
+        starts after the end-of-thinking marker; up to 8 whitespace characters may then lead, as
+        templates put a blank line after the marker (bounded: a small model could otherwise loop
+        on newlines)."""
         xgr = _xgrammar()
-        if open_after:
+        if isinstance(grammar, xgr.CompiledGrammar):
+            return grammar
+        if gated:
             grammar = xgr.Grammar.concat(xgr.Grammar.from_ebnf("root ::= [ \\t\\n]{0,8}"), grammar)
         try:
-            compiled = self._compiler.compile_grammar(grammar)
+            return self._compiler.compile_grammar(grammar)
         except Exception as exc:  # noqa: BLE001
             raise GrammarError(f"the grammar does not compile: {exc}") from None
+
+    def constraint(self, grammar: Any, *, start: int, open_after: Sequence[Sequence[int]] = ()) -> SequenceConstraint:
+        """A sequence's constraint over `grammar` (a Grammar, or one `compile`d with the same
+        gating). Behind a gate (`open_after`, the end of thinking) the stop tokens are masked until
+        it opens."""
+        xgr = _xgrammar()
+        compiled = self.compile(grammar, gated=bool(open_after))
         state = XGrammarState(xgr.GrammarMatcher(compiled), self.vocab_size)
         return SequenceConstraint(state, start, open_after, closed_forbids=self.stop_token_ids)

@@ -274,6 +274,13 @@ class RequestPlanner:
                 "CoSpec arbitrates greedy verification tokens: send temperature 0 with selfspec.cospec",
                 param="temperature",
             )
+        if rules.grammar is not None:
+            from selfspec.engine.grammar import GrammarError
+
+            try:  # here, in the worker thread: compiling a big schema must not stall the engine thread
+                rules.grammar = self.llm.grammars.compile(rules.grammar, gated=self.llm.thinking_enabled(thinking))
+            except GrammarError as exc:
+                raise APIError(400, str(exc), param="response_format", code="invalid_grammar") from None
         if mode == "cospec" and (rules.grammar is not None or params.n > 1):
             raise APIError(
                 400,
