@@ -20,6 +20,7 @@ from tqdm import tqdm
 from selfspec.config import parse_spec
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.llm_engine import Engine, StepEvent
+from selfspec.engine.logits_processing import TokenLogprob
 from selfspec.engine.policy import SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import Sequence
@@ -61,6 +62,8 @@ class GenerationResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     # Per output token, the forward shape that chose it (Sequence.output_shapes): a bf16 diagnostic.
     output_shapes: list[str] = field(default_factory=list)
+    # Per output token when `SamplingParams.logprobs` is set: raw-model logprobs (None: a forced token).
+    logprobs: list[TokenLogprob | None] | None = None
 
 
 class LLM:
@@ -178,13 +181,17 @@ class LLM:
         self.global_history = GlobalSuffixHistory(max_responses=256)
         self.draft_runner: DraftModelRunner | None = None
         self.draft_spec: str | None = None
+        self._grammars = None  # a GrammarCompiler, built on first use (the [structured] extra)
         if thinking_format is None and tokenizer is not None:
             thinking_format = ThinkingFormat.detect(tokenizer, override_start=think_start, override_end=think_end)
         self.thinking_format = thinking_format
 
     # ------------------------------------------------------------------ prompts
-    def encode_prompt(self, prompt: Prompt, *, thinking: bool | None = None) -> list[int]:
-        """Token ids for a prompt: raw ids pass through; text/messages go through the chat template."""
+    def encode_prompt(
+        self, prompt: Prompt, *, thinking: bool | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
+        """Token ids for a prompt: raw ids pass through; text/messages go through the chat template
+        (with `tools`, OpenAI function definitions, rendered by the template)."""
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if self.tokenizer is None:
@@ -195,7 +202,12 @@ class LLM:
             raise ValueError("empty prompt: no messages")
         fmt = self.thinking_format
         enable = self._thinking_enabled(thinking)
-        return build_prompt_ids(self.tokenizer, prompt, fmt, enable_thinking=enable)
+        return build_prompt_ids(self.tokenizer, prompt, fmt, enable_thinking=enable, tools=tools)
+
+    def thinking_enabled(self, thinking: bool | None) -> bool:
+        """Whether a request asking `thinking` (None: the model's default) thinks first; its
+        answer, not its reasoning, then follows a grammar (`submit(grammar=...)`)."""
+        return self._thinking_enabled(thinking)
 
     def _thinking_enabled(self, thinking: bool | None) -> bool:
         fmt = self.thinking_format
@@ -204,6 +216,18 @@ class LLM:
         if thinking is None:
             return fmt.kind == "native" or getattr(self, "thinks_by_default", False)
         return thinking
+
+    @property
+    def grammars(self):
+        """The `selfspec.engine.grammar.GrammarCompiler` for this tokenizer (built once: ~0.3 s
+        on a 49k vocabulary). Its grammars go to `submit(grammar=...)`."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("constrained decoding needs a tokenizer")
+            from selfspec.engine.grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.engine.vocab_size, self.engine.eos_token_ids)
+        return self._grammars
 
     # ------------------------------------------------------------------ generation
     def make_policy(
@@ -236,8 +260,14 @@ class LLM:
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
         request_id: str | None = None,
+        grammar: Any = None,
     ) -> Sequence:
-        """Queue one request without running the loop (the server and streaming use this)."""
+        """Queue one request without running the loop (the server and streaming use this).
+
+        `grammar` (from `self.grammars`: a JSON schema, regex, EBNF or tool-call format) constrains
+        the answer: with thinking on, it applies after the end-of-thinking marker. With
+        `params.n > 1` the other samples are the returned sequence's `siblings`.
+        """
         params = params or SamplingParams()
         spec = None if spec is None else parse_spec(spec)
         if thinking is None and spec is not None and spec.needs_thinking:
@@ -249,8 +279,15 @@ class LLM:
                 params.ignore_eos = True
         prompt_ids = self.encode_prompt(prompt, thinking=enable)
         policy = self.make_policy(spec, limits, enable, params)
-        seq = self.engine.add_request(prompt_ids, params, request_id=request_id, policy=policy)
-        return seq
+        siblings = [self.make_policy(spec, _copy_limits(limits), enable, params) for _ in range(params.n - 1)]
+        constraint = None
+        if grammar is not None:
+            thinks = isinstance(policy, ThinkingPolicy) and policy.thinking
+            gate = self.thinking_format.end_variants if thinks else ()
+            constraint = self.grammars.constraint(grammar, start=len(prompt_ids), open_after=gate)
+        return self.engine.add_request(
+            prompt_ids, params, request_id=request_id, policy=policy, constraint=constraint, sibling_policies=siblings
+        )
 
     def generate(
         self,
@@ -279,6 +316,7 @@ class LLM:
         return [self.result(s) for s in seqs]
 
     def run_until_done(self, seqs: list[Sequence], *, progress: bool = False, on_event=None) -> None:
+        seqs = [member for seq in seqs for member in (seq, *seq.siblings)]  # n > 1: every sample
         bar = None
         if progress:
             bar = tqdm(total=len(seqs), desc="generate", unit="req")
@@ -383,6 +421,7 @@ class LLM:
             answer_token_ids=answer_ids,
             metrics=metrics,
             output_shapes=list(seq.output_shapes),
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         )
 
 

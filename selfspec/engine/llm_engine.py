@@ -17,9 +17,11 @@ from typing import Iterable
 import torch
 
 from selfspec.engine.config import EngineConfig
+from selfspec.engine.constraint import ConstraintViolation, SequenceConstraint
 from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
 from selfspec.engine.host_threads import limit_host_threads
 from selfspec.engine.kv_cache import SlotKVCache
+from selfspec.engine.logits_processing import has_penalties, penalized, token_logprobs
 from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
@@ -120,8 +122,16 @@ class Engine:
         *,
         request_id: str | None = None,
         policy: SequencePolicy | None = None,
+        constraint: SequenceConstraint | None = None,
+        sibling_policies: list[SequencePolicy | None] | None = None,
     ) -> Sequence:
-        """Queue a request. Invalid input raises here, before it can touch other requests."""
+        """Queue a request. Invalid input raises here, before it can touch other requests.
+
+        With `params.n > 1` the returned sequence is the first sample; the other n - 1 wait in
+        its `siblings` (each with its policy from `sibling_policies`, a fork of `constraint` and a
+        seed of its own) and start from its prefill: they copy its KV rows and draw their first
+        token from the same logits, so one prompt is prefilled once for all n samples.
+        """
         params.validate()
         if not prompt_ids:
             raise ValueError("empty prompt: at least one token is needed")
@@ -140,8 +150,25 @@ class Engine:
             generator=None if params.greedy else make_generator(params.seed, self.device),
             policy=policy,
             eos_token_ids=self.eos_token_ids,
+            constraint=constraint,
         )
-        self._by_request.setdefault(seq.request_id, []).append(seq)
+        policies = list(sibling_policies or [])
+        if params.n > 1 and len(policies) != params.n - 1:
+            raise ValueError(f"n={params.n} needs {params.n - 1} sibling policies, got {len(policies)}")
+        for index, sibling_policy in enumerate(policies, start=1):
+            seq.siblings.append(
+                Sequence(
+                    request_id=seq.request_id,
+                    token_ids=list(seq.token_ids),
+                    params=params,
+                    generator=None if params.greedy else make_generator(_sample_seed(params.seed, index), self.device),
+                    policy=sibling_policy,
+                    eos_token_ids=self.eos_token_ids,
+                    constraint=None if constraint is None else constraint.fork(),
+                )
+            )
+        for member in (seq, *seq.siblings):
+            self._by_request.setdefault(seq.request_id, []).append(member)
         self.scheduler.add(seq)
         return seq
 
@@ -175,6 +202,8 @@ class Engine:
             parent=parent,
             eos_token_ids=parent.eos_token_ids,
             prompt_len=len(context),
+            constraint=None if parent.constraint is None else parent.constraint.fork(),
+            output_start=parent.output_start,
         )
         if not self.scheduler.admit_direct(child):
             return None
@@ -188,6 +217,8 @@ class Engine:
         """Append tokens the model did not sample (e.g. a forced end-of-thinking marker)."""
         seq.token_ids.extend(int(t) for t in tokens)
         seq.output_shapes.extend(["forced"] * len(tokens))
+        if seq.params.logprobs is not None:
+            seq.logprobs.extend([None] * len(tokens))
         seq.forced_token_count += len(tokens)
         if len(seq.token_ids) >= self.max_len and not seq.is_finished:
             self.finish(seq, FinishReason.LENGTH, "context full")
@@ -198,6 +229,7 @@ class Engine:
             raise ValueError("cannot truncate into the prompt")
         del seq.token_ids[length:]
         del seq.output_shapes[length - seq.prompt_len :]
+        del seq.logprobs[length - seq.prompt_len :]
         seq.num_cached = min(seq.num_cached, length - 1)
 
     def cancel(self, seq: Sequence, detail: str = "cancelled") -> None:
@@ -248,7 +280,7 @@ class Engine:
         if not plan:
             return []
         chunks: list[Chunk] = []
-        work: list[tuple[Sequence, int, Proposal | None]] = []
+        work: list[tuple[Sequence, int, Proposal | None, torch.Tensor | str | None]] = []
         # Proposals ride only on a decode step (one pending token). A step that still feeds a prompt's
         # tail or forced tokens (an end-of-thinking marker) runs exactly as in plain decoding, so those
         # tokens' K/V come from a forward of the baseline's own shape: in bf16 a forward of another
@@ -260,26 +292,34 @@ class Engine:
             if take < pending:
                 chunk = seq.token_ids[seq.num_cached : seq.num_cached + take]
                 chunks.append(Chunk(seq.slot, seq.num_cached, chunk, 0))
-                work.append((seq, take, None))
+                work.append((seq, take, None, None))
                 continue
             if pending > 1:
                 proposal = None
             else:
                 proposal = grouped.pop(seq.seq_id) if seq.seq_id in grouped else self._proposal_for(seq)
+            mask = None
+            if seq.constraint is not None:
+                proposal, mask = self._constrained(seq, proposal)
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
-            work.append((seq, pending, proposal))
-        forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _ in work])
+            work.append((seq, pending, proposal, mask))
+        forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _, _ in work])
         self.steps += 1
         events: list[tuple[StepEvent, StepOutcome]] = []
-        for i, ((seq, fed, proposal), chunk) in enumerate(zip(work, chunks)):
+        for i, ((seq, fed, proposal, mask), chunk) in enumerate(zip(work, chunks)):
             if seq.is_finished:  # cancelled by a policy earlier in this loop
                 continue
             if chunk.num_logits == 0:
                 seq.num_cached += fed
                 seq.stats.prefill_forwards += 1
                 continue
-            outcome = self._commit(seq, fed, proposal, forward.logits[i], forward.argmax[i], forward.shapes[i])
+            logits, argmax, shape = forward.logits[i], forward.argmax[i], forward.shapes[i]
+            # Siblings first: they copy this sequence's prompt rows before its commit may free them.
+            for sibling in self._start_siblings(seq, fed, proposal):
+                first = self._commit(sibling, 0, None, logits[:1], argmax[:1], shape, self._first_mask(sibling))
+                events.append((StepEvent(sibling, list(first.committed), sibling.is_finished), first))
+            outcome = self._commit(seq, fed, proposal, logits, argmax, shape, mask)
             events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
         # Policies react after every row is committed, so a fork sees a consistent engine.
         for event, outcome in events:
@@ -335,6 +375,41 @@ class Engine:
                 out[seq.seq_id] = _trimmed(proposal, room)
         return out
 
+    def _constrained(
+        self, seq: Sequence, proposal: Proposal | None
+    ) -> tuple[Proposal | None, torch.Tensor | str | None]:
+        """The grammar's masks for this step, and the proposal cut at its first token the grammar
+        refuses (no verifier could accept it from a constrained target). A message instead of a
+        mask when a committed (forced) token broke the grammar."""
+        try:
+            seq.constraint.sync(seq.token_ids)
+        except ConstraintViolation as exc:
+            return None, str(exc)
+        mask, valid = seq.constraint.masks(proposal.tokens if proposal else [])
+        if proposal is not None and valid < len(proposal.tokens):
+            proposal = _trimmed(proposal, valid) if valid > 0 else None
+        return proposal, mask
+
+    def _first_mask(self, seq: Sequence) -> torch.Tensor | str | None:
+        return None if seq.constraint is None else self._constrained(seq, None)[1]
+
+    def _start_siblings(self, seq: Sequence, fed: int, proposal: Proposal | None) -> list[Sequence]:
+        """At the end of `seq`'s prefill, give its waiting siblings a slot holding a copy of the
+        prompt's KV rows (a sibling finding no free slot queues and prefills by itself)."""
+        if not seq.siblings or proposal is not None or seq.num_output_tokens:
+            return []
+        started = []
+        for sibling in seq.siblings:
+            if sibling.is_finished or sibling.status is not SequenceStatus.WAITING:
+                continue
+            if self.scheduler.admit_direct(sibling):
+                self.runner.copy_slot(seq.slot, sibling.slot, seq.num_cached + fed)
+                sibling.num_cached = seq.num_cached + fed
+                started.append(sibling)
+            else:
+                self.scheduler.add(sibling)
+        return started
+
     def _commit(
         self,
         seq: Sequence,
@@ -343,14 +418,37 @@ class Engine:
         logits: torch.Tensor | None,
         argmax: list[int] | None,
         shape: str,
+        mask: torch.Tensor | str | None = None,
     ) -> StepOutcome:
         """Sample or verify, append, check stops; say what happened.
 
         `argmax` is the runner's greedy token per logits row, already on the host (one
-        transfer per forward instead of one per sequence).
+        transfer per forward instead of one per sequence). Penalties and the grammar `mask`
+        (row i: after the proposal's first i tokens) shape the logits that sampling and
+        verification see; logprobs are read from the raw rows.
         """
         params = seq.params
         seq.stats.forwards += 1
+        if isinstance(mask, str):
+            self.finish(seq, FinishReason.ERROR, mask)
+            return StepOutcome(proposal, 0, ())
+        raw = logits
+        if mask is not None or has_penalties(params):
+            rows = 1 + (len(proposal.tokens) if proposal else 0)
+            logits = logits[:rows]
+            if has_penalties(params):
+                start = seq.output_start
+                logits = penalized(
+                    logits, params, seq.token_ids[:start], seq.token_ids[start:], proposal.tokens if proposal else ()
+                )
+            if mask is not None:
+                mask = mask.to(logits.device)
+                if not bool(mask[0].any()):
+                    self.finish(seq, FinishReason.STOP, "grammar complete")
+                    return StepOutcome(proposal, 0, ())
+                logits = logits.float().masked_fill(~mask, float("-inf"))
+            if params.greedy:
+                argmax = logits.argmax(dim=-1).tolist()
         probs = None if params.greedy else processed_probs(logits, params)
         if proposal is None:
             token = argmax[0] if probs is None else sample_from(probs[0], seq.generator)
@@ -367,6 +465,8 @@ class Engine:
         new_tokens = (proposal.tokens[: result.num_accepted] if proposal else []) + [result.next_token]
         appended = self._append_checked(seq, new_tokens)
         seq.output_shapes.extend([shape] * len(appended))
+        if params.logprobs is not None:
+            seq.logprobs.extend(token_logprobs(raw, appended, params.logprobs))
         if seq.record_probs and probs is not None:
             seq.sampled_probs.extend(probs[: len(appended)])
         seq.num_cached = min(valid_kv, len(seq.token_ids) - 1)
@@ -427,9 +527,25 @@ def _trimmed(proposal: Proposal | None, room: int) -> Proposal | None:
 def _needs_logits(seq: Sequence) -> bool:
     """Whether committing `seq` reads its logits: sampling, or a policy with its own verify.
     Greedy rows otherwise use the runner's argmax alone."""
-    if not seq.params.greedy or seq.record_probs:
+    params = seq.params
+    if (
+        not params.greedy
+        or seq.record_probs
+        or seq.constraint is not None
+        or (seq.siblings and not seq.num_output_tokens)
+    ):
+        return True
+    if params.logprobs is not None or has_penalties(params):
         return True
     return seq.policy is not None and seq.policy.custom_verify
+
+
+def _sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index` of a seeded n > 1 request (sample 0 keeps the request's seed, so
+    its output equals the n = 1 request's); None stays unseeded."""
+    if seed is None:
+        return None
+    return hash((seed, index)) & (2**63 - 1)
 
 
 def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: float, cap: int = 256) -> int:

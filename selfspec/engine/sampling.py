@@ -37,6 +37,14 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    # Penalties on tokens seen so far (`selfspec.engine.logits_processing` has the definitions).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # Log-probabilities of the chosen tokens (None: off) with this many alternatives each.
+    logprobs: int | None = None
+    # Samples of one prompt: forks of its prefill (`Engine.add_request`).
+    n: int = 1
 
     def __post_init__(self) -> None:
         self.validate()
@@ -61,6 +69,19 @@ class SamplingParams:
             raise bad("min_tokens", "must be an integer >= 0")
         if self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"must not exceed max_tokens={self.max_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or not -2.0 <= value <= 2.0:
+                raise bad(name, "must be a number in [-2, 2]")
+        rep = self.repetition_penalty
+        if not isinstance(rep, (int, float)) or math.isnan(rep) or math.isinf(rep) or rep <= 0:
+            raise bad("repetition_penalty", "must be a finite number > 0 (1 disables it)")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20
+        ):
+            raise bad("logprobs", "must be None or an integer in [0, 20] (alternatives per token)")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= 64:
+            raise bad("n", "must be an integer in [1, 64]")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "must be an integer or None")
         if isinstance(self.stop, str):

@@ -19,6 +19,8 @@ import torch
 from selfspec.engine.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from selfspec.engine.constraint import SequenceConstraint
+    from selfspec.engine.logits_processing import TokenLogprob
     from selfspec.engine.policy import SequencePolicy
 
 
@@ -82,10 +84,24 @@ class Sequence:
     # "forced" for tokens a policy appended. Kept aligned by the engine's append/truncate; a
     # diagnostic for bf16 near-ties (which shape rounded differently), not used for decisions.
     output_shapes: list[str] = field(default_factory=list)
+    # The grammar the output follows (None: free); see `engine.constraint`.
+    constraint: "SequenceConstraint | None" = None
+    # Per output token when `params.logprobs` is set (None for forced tokens); aligned like output_shapes.
+    logprobs: "list[TokenLogprob | None]" = field(default_factory=list)
+    # Where the request's output begins in `token_ids`: the prompt length, kept by forks (an SSR
+    # draft's prompt holds the parent's output), so penalties count the same tokens in both.
+    output_start: int = 0
+    # The other samples of an n > 1 request, started from this sequence's prefill (`Engine.add_request`).
+    siblings: list["Sequence"] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_len:
             self.prompt_len = len(self.token_ids)
+        if not self.output_start:
+            self.output_start = self.prompt_len
+
+    __eq__ = object.__eq__  # identity: the scheduler's list lookups must not compare every field
+    __hash__ = object.__hash__
 
     @property
     def pending(self) -> list[int]:

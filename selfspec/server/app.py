@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from selfspec.server.choices import ChoiceOutput, chat_logprobs, completion_logprobs
 from selfspec.server.config import ServerConfig
 from selfspec.server.engine_loop import EngineLoop, Failed, LoopHooks
 from selfspec.server.errors import APIError, from_validation_error
@@ -115,13 +116,18 @@ class ServerState:
         chunks: list[bytes] = []
         size = 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
-                chunks.append(chunk)
+            async with asyncio.timeout(self.config.body_timeout_s):  # a stalled body must not hold the socket
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
+                    chunks.append(chunk)
         except ClientDisconnect:
             raise _BodyAbandoned() from None
+        except TimeoutError:
+            raise APIError(
+                408, f"the request body did not arrive within {self.config.body_timeout_s:g} s", code="timeout"
+            ) from None
         raw = b"".join(chunks)
         if not raw.strip():
             raise APIError(400, "the body is empty; send a JSON object", code="invalid_json")
@@ -164,19 +170,12 @@ class ServerState:
         except BaseException:
             session.close("error")
             raise
-        text = ResponseText(
-            self.llm.tokenizer,
-            thinking=accepted.thinking,
-            split_reasoning=chat,
-            start_marker=self.start_marker,
-            end_marker=self.end_marker,
-            stops=plan.params.stop,
-        )
+        choices = [self._choice_output(plan, accepted.thinking, chat) for _ in range(plan.params.n)]
         created = int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             writer = ChunkWriter(request_id, created, model, chat=chat, include_usage=include_usage)
-            stream = self._stream(session, text, writer, accepted.prompt_tokens, plan, started)
+            stream = self._stream(session, choices, writer, accepted.prompt_tokens, plan, started)
             return _SessionStream(
                 stream,
                 session,
@@ -193,63 +192,94 @@ class ServerState:
             return Response(status_code=499)
         finally:
             session.close("error")  # no-op once finished
-        text.update(finished.output_ids, finished.answer_start, finished=True)
         usage = build_usage(finished, accepted.prompt_tokens, plan.mode)
-        reason = finish_reason(finished)
-        self._record(plan, reason, usage, started)
-        if chat:
-            payload = chat_completion(
-                request_id,
-                created,
-                model,
-                content=text.content_text,
-                reasoning=text.reasoning_text,
-                reason=reason,
-                usage=usage,
-            )
-        else:
-            payload = text_completion(request_id, created, model, text=text.content_text, reason=reason, usage=usage)
+        bodies = []
+        for choice, result in zip(choices, finished.choices):
+            choice.update(result.output_ids, result.answer_start, result.logprobs or (), finished=True)
+            reason = choice.finish_reason(finish_reason(result))
+            logprobs = self._logprobs(chat, choice.logprobs) if plan.params.logprobs is not None else None
+            if chat:
+                bodies.append(
+                    {"index": result.index, "message": choice.message(), "logprobs": logprobs, "finish_reason": reason}
+                )
+            else:
+                bodies.append(
+                    {"index": result.index, "text": choice.content, "logprobs": logprobs, "finish_reason": reason}
+                )
+        self._record(plan, bodies[0]["finish_reason"], usage, started)
+        build = chat_completion if chat else text_completion
+        payload = build(request_id, created, model, choices=bodies, usage=usage)
         return JSONResponse(payload, headers={"X-Request-Id": request_id})
+
+    def _choice_output(self, plan: RequestPlan, thinking: bool, chat: bool) -> ChoiceOutput:
+        text = ResponseText(
+            self.llm.tokenizer,
+            thinking=thinking,
+            split_reasoning=chat,
+            start_marker=self.start_marker,
+            end_marker=self.end_marker,
+            stops=plan.params.stop,
+        )
+        return ChoiceOutput(text, plan.rules.tool_family if chat else None)
+
+    def _logprobs(self, chat: bool, entries: list) -> dict[str, Any]:
+        if chat:
+            return chat_logprobs(self.llm.tokenizer, entries)
+        return completion_logprobs(self.llm.tokenizer, entries)
 
     async def _stream(
         self,
         session: RequestSession,
-        text: ResponseText,
+        choices: list[ChoiceOutput],
         writer: ChunkWriter,
         prompt_tokens: int,
         plan: RequestPlan,
         started: float,
     ) -> AsyncIterator[str]:
-        output_ids: list[int] = []
-        answer_start: int | None = None
         reason_to_abort = "client disconnected"
+        want_logprobs = plan.params.logprobs is not None
         try:
-            opening = writer.start()
+            opening = writer.start(len(choices))
             if opening:
                 yield opening
             async for batch in session.updates():
-                new_ids, start, terminal = progress_tokens(batch)
-                output_ids.extend(new_ids)
-                if start is not None:
-                    answer_start = start
+                progress, terminal = progress_tokens(batch)
                 if isinstance(terminal, Failed):
                     yield writer.error(APIError(500, terminal.message, code="internal_error").body())
                     yield writer.done()
                     return
-                if terminal is not None:
-                    if terminal.output_ids[: len(output_ids)] == output_ids:
-                        output_ids = list(terminal.output_ids)
-                    else:
+                finals = {result.index: result for result in terminal.choices} if terminal is not None else {}
+                for index, choice in enumerate(choices):
+                    got = progress.get(index)
+                    final = finals.get(index)
+                    if got is None and final is None:
+                        continue
+                    start = final.answer_start if final is not None else got.answer_start
+                    delta = choice.update(
+                        got.new_ids if got is not None else (),
+                        start,
+                        got.logprobs if got is not None else (),
+                        final_ids=final.output_ids if final is not None else None,
+                        finished=final is not None,
+                    )
+                    if final is not None and final.output_ids != choice.output_ids:
                         log.warning("request %s: final output differs from the streamed tokens", session.request_id)
-                    answer_start = terminal.answer_start
-                delta = text.update(output_ids, answer_start, finished=terminal is not None)
-                if delta:
-                    yield writer.delta(reasoning=delta.reasoning, content=delta.content)
+                    if delta:
+                        logprobs = (
+                            self._logprobs(writer.chat, delta.logprobs) if want_logprobs and delta.logprobs else None
+                        )
+                        yield writer.delta(
+                            index,
+                            reasoning=delta.reasoning,
+                            content=delta.content,
+                            tool_calls=delta.tool_calls or None,
+                            logprobs=logprobs,
+                        )
                 if terminal is not None:
                     usage = build_usage(terminal, prompt_tokens, plan.mode)
-                    reason = finish_reason(terminal)
-                    self._record(plan, reason, usage, started)
-                    yield writer.finish(reason, usage)
+                    reasons = [c.finish_reason(finish_reason(r)) for c, r in zip(choices, terminal.choices)]
+                    self._record(plan, reasons[0], usage, started)
+                    yield writer.finish(reasons, usage)
                     yield writer.done()
                     return
         except RequestTimedOut:

@@ -12,10 +12,14 @@ import time
 
 import uvicorn
 
+from selfspec.server.connections import uvicorn_options
+
 
 class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        self.config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False)
+        self.config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False, **uvicorn_options()
+        )
         self.server = uvicorn.Server(self.config)
         self.host = host
         self.port: int | None = None

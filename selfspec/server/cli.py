@@ -275,6 +275,7 @@ def serve_command(
         import uvicorn
 
         from selfspec.server.app import create_app
+        from selfspec.server.connections import uvicorn_options
     except ImportError as exc:  # the [server] extra is optional: say how to get it, not a traceback
         typer.echo(
             f"error: the server needs the [server] extra ({exc.name} is missing): pip install 'selfspec[server]'",
@@ -331,7 +332,7 @@ def serve_command(
         + (" (API key required)" if api_key else "")
         + (f"; CoSpec (lossy) on request, default threshold {cospec_threshold:g}" if arbitrator is not None else "")
     )
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug", **uvicorn_options())
 
 
 def main() -> None:

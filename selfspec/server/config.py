@@ -70,6 +70,8 @@ class ServerConfig:
       more get 429 with Retry-After.
     request_timeout_s: a request still running after this many seconds is cancelled.
     api_key: when set, /v1 endpoints need `Authorization: Bearer <api_key>`.
+    body_timeout_s: a request body still incomplete after this many seconds gets 408 (a request
+      head has its own deadline, `connections.HEADER_TIMEOUT_S`).
     """
 
     served_model_names: list[str] = field(default_factory=lambda: ["selfspec"])
@@ -77,6 +79,7 @@ class ServerConfig:
     request_timeout_s: float = 600.0
     api_key: str | None = None
     max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout_s: float = 30.0
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
 
     def __post_init__(self) -> None:
@@ -86,5 +89,7 @@ class ServerConfig:
             raise ValueError("max_queue must be >= 0")
         if not self.request_timeout_s > 0:
             raise ValueError("request_timeout_s must be > 0")
+        if not self.body_timeout_s > 0:
+            raise ValueError("body_timeout_s must be > 0")
         if self.api_key is not None and not self.api_key:
             raise ValueError("the api key must not be empty")

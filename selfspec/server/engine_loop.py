@@ -16,7 +16,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from selfspec.engine.sampling import SamplingParams
@@ -45,10 +45,13 @@ class Accepted:
 
 @dataclass
 class Progress:
-    """Tokens committed since the last message; `answer_start` indexes the output."""
+    """Tokens committed to choice `index` since its last message; `answer_start` indexes its output;
+    `logprobs` (when asked for) holds one entry per new token."""
 
     new_token_ids: list[int]
     answer_start: int | None
+    index: int = 0
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -63,6 +66,14 @@ class Finished:
     ttft_s: float | None
     first_answer_token_s: float | None
     total_s: float
+    index: int = 0
+    logprobs: list[Any] | None = None
+    # Choices 1..n-1 of an n > 1 request (this one is choice 0); the request ends with all of them.
+    others: list["Finished"] = field(default_factory=list)
+
+    @property
+    def choices(self) -> list["Finished"]:
+        return [self, *self.others]
 
 
 @dataclass
@@ -101,6 +112,7 @@ class EngineJob:
     spec: Any = None
     limits: ThinkingLimits | None = None
     thinking: bool | None = None
+    grammar: Any = None
 
 
 @dataclass
@@ -117,10 +129,10 @@ class LoopStats:
 
 @dataclass
 class _Live:
-    seq: Sequence
+    seqs: list[Sequence]  # the request's samples (n > 1: the first one's siblings follow it)
     sink: UpdateSink
     thinking: bool
-    published: int = 0  # length of seq.token_ids already sent
+    published: list[int] = field(default_factory=list)  # per sample, length of token_ids already sent
 
 
 @dataclass
@@ -231,6 +243,7 @@ class EngineLoop:
                 limits=job.limits,
                 thinking=job.thinking,
                 request_id=job.request_id,
+                grammar=job.grammar,
             )
         except ValueError as exc:  # PromptTooLongError, InvalidSamplingParams, bad limits
             self._release()
@@ -245,7 +258,8 @@ class EngineLoop:
             return
         policy = seq.policy
         thinking = isinstance(policy, ThinkingPolicy) and policy.thinking
-        self._live[job.request_id] = _Live(seq=seq, sink=job.sink, thinking=thinking, published=seq.prompt_len)
+        seqs = [seq, *seq.siblings]
+        self._live[job.request_id] = _Live(seqs, job.sink, thinking, [s.prompt_len for s in seqs])
         job.sink.put(Accepted(prompt_tokens=seq.prompt_len, thinking=thinking))
 
     def _apply_aborts(self, aborts: dict[str, str]) -> None:
@@ -265,14 +279,20 @@ class EngineLoop:
         """
         done: list[tuple[_Live, Update]] = []
         for request_id, live in list(self._live.items()):
-            seq = live.seq
-            length = len(seq.token_ids)
-            if length > live.published:
-                live.sink.put(Progress(seq.token_ids[live.published : length], self._answer_start(live)))
-                live.published = length
-            if seq.is_finished:
+            for index, seq in enumerate(live.seqs):
+                length, sent = len(seq.token_ids), live.published[index]
+                if length > sent:
+                    logprobs = None
+                    if seq.params.logprobs is not None:
+                        logprobs = seq.logprobs[sent - seq.prompt_len : length - seq.prompt_len]
+                    answer_start = self._answer_start(live, seq)
+                    live.sink.put(Progress(seq.token_ids[sent:length], answer_start, index, logprobs))
+                    live.published[index] = length
+            if all(seq.is_finished for seq in live.seqs):
                 try:
-                    final: Update = self._finished(live)
+                    first, *others = [self._finished(live, seq, i) for i, seq in enumerate(live.seqs)]
+                    first.others = others
+                    final: Update = first
                 except Exception:  # noqa: BLE001 - one request's failure must not stop the loop
                     log.exception("could not build the result of request %s", request_id)
                     final = Failed("internal error while finishing the request", client_error=False)
@@ -283,18 +303,20 @@ class EngineLoop:
         for live, finished in done:
             live.sink.put(finished)
 
-    def _answer_start(self, live: _Live) -> int | None:
+    def _answer_start(self, live: _Live, seq: Sequence) -> int | None:
         if not live.thinking:
             return None
-        start = live.seq.policy.metrics.answer_start
-        return None if start is None else start - live.seq.prompt_len
+        start = seq.policy.metrics.answer_start
+        return None if start is None else start - seq.prompt_len
 
-    def _finished(self, live: _Live) -> Finished:
-        result = self.llm.result(live.seq)
+    def _finished(self, live: _Live, seq: Sequence, index: int) -> Finished:
+        result = self.llm.result(seq)
         timings = result.timings
         return Finished(
+            index=index,
+            logprobs=result.logprobs,
             output_ids=list(result.token_ids),
-            answer_start=self._answer_start(live),
+            answer_start=self._answer_start(live, seq),
             finish_reason=result.finish_reason,
             finish_detail=result.finish_detail,
             metrics=dict(result.metrics),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
@@ -22,6 +22,7 @@ from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
 from selfspec.server.config import RequestDefaults
 from selfspec.server.errors import APIError, from_validation_error
 from selfspec.server.schemas import ChatCompletionRequest, CompletionRequest, CoSpecOptions, SelfspecOptions
+from selfspec.server.structured import OutputRules, output_rules
 from selfspec.spec.base import MethodConfig
 from selfspec.spec.cospec.policy import CoSpecConfig
 from selfspec.spec.ssr import SSRConfig
@@ -41,6 +42,11 @@ class RequestPlan:
     thinking: bool | None
     mode: str  # "plain" | "ssr" | "suffix" | "ngram" | "draft" | "cospec" (the one lossy mode)
     timeout_s: float
+    rules: OutputRules = field(default_factory=OutputRules)  # grammar and tool-call parser
+
+    @property
+    def grammar(self) -> Any:
+        return self.rules.grammar
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -149,14 +155,16 @@ class RequestPlanner:
         options = body.options
         spec, mode = resolve_spec(options, self.defaults)
         thinking = self._thinking(body.requested_thinking, spec)
+        rules = output_rules(self.llm, body)
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.uses_tools else None
         try:
-            prompt_ids = self.llm.encode_prompt(body.template_messages(), thinking=thinking)
+            prompt_ids = self.llm.encode_prompt(body.template_messages(), thinking=thinking, tools=tools)
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
         except Exception as exc:  # noqa: BLE001 - a template/tokenizer rejecting this input
             log.warning("chat template failed on a request: %r", exc)
             raise APIError(400, f"could not build the prompt from these messages: {exc}", param="messages") from None
-        return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="messages")
+        return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="messages", rules=rules)
 
     def plan_completion(self, body: CompletionRequest) -> RequestPlan:
         options = body.options
@@ -166,6 +174,7 @@ class RequestPlanner:
         if requested is None and spec is None:
             requested = False
         thinking = self._thinking(requested, spec)
+        rules = output_rules(self.llm, body)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -185,7 +194,7 @@ class RequestPlanner:
                     f"prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
                     param="prompt",
                 )
-        return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="prompt")
+        return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="prompt", rules=rules)
 
     # ------------------------------------------------------------------ shared
     def _thinking(self, requested: bool | None, spec: Spec) -> bool | None:
@@ -203,6 +212,7 @@ class RequestPlanner:
         thinking: bool | None,
         *,
         prompt_field: str,
+        rules: OutputRules,
     ) -> RequestPlan:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty after tokenization", param=prompt_field)
@@ -249,6 +259,11 @@ class RequestPlanner:
                 stop_token_ids=list(stop_ids),
                 ignore_eos=body.ignore_eos,
                 min_tokens=body.min_tokens,
+                presence_penalty=float(body.presence_penalty or 0.0),
+                frequency_penalty=float(body.frequency_penalty or 0.0),
+                repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
+                logprobs=body.logprobs_count,
+                n=body.n,
             )
         except InvalidSamplingParams as exc:
             match = _PARAM_NAME.search(str(exc))
@@ -259,8 +274,21 @@ class RequestPlanner:
                 "CoSpec arbitrates greedy verification tokens: send temperature 0 with selfspec.cospec",
                 param="temperature",
             )
+        if rules.grammar is not None:
+            from selfspec.engine.grammar import GrammarError
+
+            try:  # here, in the worker thread: compiling a big schema must not stall the engine thread
+                rules.grammar = self.llm.grammars.compile(rules.grammar, gated=self.llm.thinking_enabled(thinking))
+            except GrammarError as exc:
+                raise APIError(400, str(exc), param="response_format", code="invalid_grammar") from None
+        if mode == "cospec" and (rules.grammar is not None or params.n > 1):
+            raise APIError(
+                400,
+                "CoSpec runs one unconstrained sample: send it without a grammar and with n=1",
+                param="selfspec.cospec",
+            )
         limits = resolve_limits(body.options, self.defaults)
         timeout = self.request_timeout_s
         if body.options.timeout_s is not None:
             timeout = min(timeout, body.options.timeout_s)
-        return RequestPlan(prompt_ids, params, spec, limits, thinking, mode, timeout)
+        return RequestPlan(prompt_ids, params, spec, limits, thinking, mode, timeout, rules)

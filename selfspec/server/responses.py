@@ -14,9 +14,10 @@ from selfspec.server.engine_loop import Finished
 
 
 def build_usage(finished: Finished, prompt_tokens: int, mode: str) -> dict[str, Any]:
+    """Token counts over every choice; the `selfspec` metrics are the first choice's."""
     m = finished.metrics
-    completion = len(finished.output_ids)
-    cot = int(m.get("cot_tokens", 0))
+    completion = sum(len(choice.output_ids) for choice in finished.choices)
+    cot = sum(int(choice.metrics.get("cot_tokens", 0)) for choice in finished.choices)
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
@@ -57,37 +58,29 @@ def finish_reason(finished: Finished) -> str:
 
 
 def chat_completion(
-    request_id: str,
-    created: int,
-    model: str,
-    *,
-    content: str,
-    reasoning: str | None,
-    reason: str,
-    usage: dict[str, Any],
+    request_id: str, created: int, model: str, *, choices: list[dict[str, Any]], usage: dict[str, Any]
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
+    """`choices`: per choice `{"index", "message", "logprobs", "finish_reason"}`."""
     return {
         "id": request_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}],
+        "choices": choices,
         "usage": usage,
     }
 
 
 def text_completion(
-    request_id: str, created: int, model: str, *, text: str, reason: str, usage: dict[str, Any]
+    request_id: str, created: int, model: str, *, choices: list[dict[str, Any]], usage: dict[str, Any]
 ) -> dict[str, Any]:
+    """`choices`: per choice `{"index", "text", "logprobs", "finish_reason"}`."""
     return {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        "choices": choices,
         "usage": usage,
     }
 
@@ -112,7 +105,15 @@ class ChunkWriter:
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     def _choice(
-        self, *, reasoning: str = "", content: str = "", role: bool = False, reason: str | None = None
+        self,
+        index: int = 0,
+        *,
+        reasoning: str = "",
+        content: str = "",
+        tool_calls: list[dict[str, Any]] | None = None,
+        logprobs: dict[str, Any] | None = None,
+        role: bool = False,
+        reason: str | None = None,
     ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {}
@@ -123,18 +124,30 @@ class ChunkWriter:
                 delta["reasoning_content"] = reasoning
             if content:
                 delta["content"] = content
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return {"index": 0, "text": reasoning + content, "logprobs": None, "finish_reason": reason}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": index, "text": reasoning + content, "logprobs": logprobs, "finish_reason": reason}
 
-    def start(self) -> str | None:
-        """The opening chunk that carries the assistant role (chat only)."""
-        return self._event([self._choice(role=True)]) if self.chat else None
+    def start(self, n: int = 1) -> str | None:
+        """The opening chunks that carry the assistant role, one per choice (chat only)."""
+        return "".join(self._event([self._choice(i, role=True)]) for i in range(n)) if self.chat else None
 
-    def delta(self, *, reasoning: str = "", content: str = "") -> str:
-        return self._event([self._choice(reasoning=reasoning, content=content)])
+    def delta(
+        self,
+        index: int = 0,
+        *,
+        reasoning: str = "",
+        content: str = "",
+        tool_calls: list[dict[str, Any]] | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> str:
+        choice = self._choice(index, reasoning=reasoning, content=content, tool_calls=tool_calls, logprobs=logprobs)
+        return self._event([choice])
 
-    def finish(self, reason: str, usage: dict[str, Any]) -> str:
-        out = self._event([self._choice(reason=reason)])
+    def finish(self, reasons: list[str], usage: dict[str, Any]) -> str:
+        """One closing chunk per choice, then the usage chunk when asked for."""
+        out = "".join(self._event([self._choice(i, reason=reason)]) for i, reason in enumerate(reasons))
         if self.include_usage:
             out += self._event([], usage=usage, with_usage_key=True)
         return out

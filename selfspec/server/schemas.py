@@ -4,9 +4,9 @@ Every client mistake must come back as a 4xx that names the field, never a 500, 
 bodies are parsed by pydantic in strict mode (a string is not a number, 1.0 is not an
 int, NaN and infinities are rejected) with unknown fields forbidden (a typo such as
 `max_token` is reported instead of silently ignored). OpenAI fields that selfspec does
-not implement are accepted only at their no-op values (`n: 1`, `logprobs: false`, ...),
+not implement are accepted only at their no-op values (`logit_bias: {}`, `echo: false`, ...),
 so a client that sends its defaults works and one that relies on a feature learns that
-it is missing.
+it is missing (docs/server.md lists every field).
 
 selfspec's own options live in a `selfspec` object (the openai client sends it through
 `extra_body`); the same keys are also accepted at the top level of the body.
@@ -14,6 +14,7 @@ selfspec's own options live in a `selfspec` object (the openai client sends it t
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -25,6 +26,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 MAX_TIMEOUT_S = 24 * 3600.0
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
 
 
 class _Strict(BaseModel):
@@ -42,14 +45,28 @@ class TextPart(_Lenient):
     text: str
 
 
+class FunctionCall(_Lenient):
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ToolCall(_Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def as_template_message(self) -> dict[str, Any]:
-        """The dict the chat template reads (content parts joined to one string)."""
+        """The dict the chat template reads (content parts joined to one string; a tool call's
+        arguments as an object, which templates render with `tojson`, as vLLM hands them over)."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
@@ -58,15 +75,70 @@ class ChatMessage(_Lenient):
             message["name"] = self.name
         if self.reasoning_content:
             message["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _as_object(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
+
+
+def _as_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(_Lenient):
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Lenient):
-    type: Literal["text"]
+    """`text`, `json_object` (any JSON object) or `json_schema` (a document valid under the schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
 
 
 class CoSpecOptions(_Strict):
@@ -92,6 +164,8 @@ class SelfspecOptions(_Strict):
     thinking: let the model think first (default: the model's own default).
     cot_cap / answer_cap / fixed_length: the thinking length rules (`ThinkingLimits`).
     timeout_s: give up after this many seconds (at most the server's timeout).
+    regex / grammar: constrain the answer to a regular expression or an EBNF grammar (xgrammar's
+      dialect), like `response_format` does to JSON.
     """
 
     ssr: Union[SSRConfig, bool, None] = Field(default=None, union_mode="left_to_right")
@@ -102,6 +176,8 @@ class SelfspecOptions(_Strict):
     answer_cap: int | None = Field(default=None, ge=1)
     fixed_length: bool | None = None
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S)
+    regex: str | None = Field(default=None, min_length=1, max_length=16384)
+    grammar: str | None = Field(default=None, min_length=1, max_length=65536)
 
     @model_validator(mode="after")
     def _one_speculation_source(self) -> "SelfspecOptions":
@@ -109,6 +185,8 @@ class SelfspecOptions(_Strict):
             raise ValueError("give either ssr or speculation, not both")
         if _is_on(self.cospec) and (_is_on(self.ssr) or _is_on(self.speculation)):
             raise ValueError("cospec is a speculation mode of its own; give it without ssr or speculation")
+        if self.regex is not None and self.grammar is not None:
+            raise ValueError("give either regex or grammar, not both")
         return self
 
 
@@ -139,15 +217,6 @@ def _lift_selfspec_keys(data: Any) -> Any:
     return rest
 
 
-# Values of unimplemented OpenAI fields that mean "feature off".
-_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "top_logprobs": (None, 0),
-}
-
-
 class _CommonRequest(_Strict):
     """Fields shared by chat and text completions."""
 
@@ -157,7 +226,7 @@ class _CommonRequest(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] | None = None
     stream: bool = False
@@ -166,13 +235,11 @@ class _CommonRequest(_Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
     user: str | None = None
-    # OpenAI features selfspec does not implement: accepted at their no-op values only.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    # Not implemented: accepted at its no-op value only.
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
     selfspec: SelfspecOptions | None = None
 
     @model_validator(mode="before")
@@ -207,15 +274,8 @@ class _CommonRequest(_Strict):
 
     @model_validator(mode="after")
     def _check_unsupported(self) -> "_CommonRequest":
-        for name, allowed in _NO_OP_VALUES.items():
-            if getattr(self, name) not in allowed:
-                raise UnsupportedField(name, f"{name} is not supported by selfspec (allowed: {allowed[1:]})")
-        if self.n != 1:
-            raise UnsupportedField("n", "only n=1 is supported")
         if self.logit_bias:
             raise UnsupportedField("logit_bias", "logit_bias is not supported by selfspec")
-        if self.logprobs not in (None, False, 0):
-            raise UnsupportedField("logprobs", "logprobs are not supported by selfspec")
         if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise UnsupportedField("min_tokens", "min_tokens must not exceed max_tokens")
         return self
@@ -236,8 +296,12 @@ class UnsupportedField(ValueError):
 class ChatCompletionRequest(_CommonRequest):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=128)
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = Field(
+        default=None, union_mode="left_to_right"
+    )
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -247,10 +311,19 @@ class ChatCompletionRequest(_CommonRequest):
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":
-        if self.tools:
-            raise UnsupportedField("tools", "tool calling is not supported by selfspec")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise UnsupportedField("tool_choice", "tool calling is not supported by selfspec")
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise UnsupportedField("tools", "tool names must be unique")
+        choice = self.tool_choice
+        if choice == "required" and not names:
+            raise UnsupportedField("tool_choice", "tool_choice required needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise UnsupportedField("tool_choice", f"tool_choice names {choice.function.name!r}, which is not in tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs: true")
+        format_type = self.response_format.type if self.response_format is not None else "text"
+        if format_type != "text" and self.calls_forced:
+            raise UnsupportedField("response_format", "give a JSON response_format or a forced tool call, not both")
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
@@ -282,12 +355,28 @@ class ChatCompletionRequest(_CommonRequest):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_message() for m in self.messages]
 
+    @property
+    def uses_tools(self) -> bool:
+        """Tools are rendered into the prompt and calls parsed from the answer (not with `none`)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def calls_forced(self) -> bool:
+        """`required` or a named function: the answer is constrained to tool calls."""
+        return self.uses_tools and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
+
+    @property
+    def logprobs_count(self) -> int | None:
+        """Alternatives per token for the engine (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_CommonRequest):
     prompt: Union[str, list[int], list[str], list[list[int]]] = Field(union_mode="left_to_right")
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _check_completion(self) -> "CompletionRequest":
@@ -306,6 +395,10 @@ class CompletionRequest(_CommonRequest):
     @property
     def completion_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt: text, or token ids."""

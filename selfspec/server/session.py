@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
@@ -69,6 +70,7 @@ class RequestSession:
             spec=plan.spec,
             limits=plan.limits,
             thinking=plan.thinking,
+            grammar=plan.grammar,
         )
         try:
             self.engine_loop.submit(job)
@@ -166,16 +168,28 @@ def _param_of(message: str) -> str | None:
     return None
 
 
-def progress_tokens(batch: list[Update]) -> tuple[list[int], int | None, Finished | Failed | None]:
-    """New token ids, the latest answer start, and the terminal update of a batch."""
-    new_ids: list[int] = []
+@dataclass
+class ChoiceProgress:
+    """What one batch of updates brought one choice: new token ids (and their logprobs), the
+    latest answer start."""
+
+    new_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
     answer_start: int | None = None
+
+
+def progress_tokens(batch: list[Update]) -> tuple[dict[int, ChoiceProgress], Finished | Failed | None]:
+    """Per choice index, what the batch added; and the batch's terminal update."""
+    choices: dict[int, ChoiceProgress] = {}
     terminal: Any = None
     for update in batch:
         if isinstance(update, Progress):
-            new_ids.extend(update.new_token_ids)
+            choice = choices.setdefault(update.index, ChoiceProgress())
+            choice.new_ids.extend(update.new_token_ids)
+            if update.logprobs is not None:
+                choice.logprobs.extend(update.logprobs)
             if update.answer_start is not None:
-                answer_start = update.answer_start
+                choice.answer_start = update.answer_start
         elif isinstance(update, (Finished, Failed)):
             terminal = update
-    return new_ids, answer_start, terminal
+    return choices, terminal

@@ -37,15 +37,36 @@ DEFAULT_GEMMA3_SLIDING_WINDOW = 8
 DEFAULT_INITIALIZER_RANGE = 0.3
 
 # Qwen3's template, reduced to what tests need: ChatML turns, reasoning in past assistant
-# turns, and `enable_thinking=False` emitting an empty think block in the generation prompt.
+# turns, `enable_thinking=False` emitting an empty think block in the generation prompt, and
+# Qwen3's tool format (a system turn listing the tools, `<tool_call>` JSON in assistant turns,
+# tool results as `<tool_response>` in user turns).
 TINY_CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n# Tools\\n\\nYou may call functions. Signatures within <tools></tools>:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    '{{- \'\\n</tools>\\n\\nReturn each call as <tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}'
+    "{%- endif -%}"
     "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['role'] == 'assistant' and message['reasoning_content'] is defined"
     " and message['reasoning_content'] -%}"
     "{{- '<think>\\n' + message['reasoning_content'].strip('\\n') + '\\n</think>\\n\\n' -}}"
     "{%- endif -%}"
-    "{{- message['content'] + '<|im_end|>\\n' -}}"
+    "{{- message['content'] -}}"
+    "{%- if message['tool_calls'] is defined and message['tool_calls'] -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set call = call['function'] if call['function'] is defined else call -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' -}}"
+    "{{- call['arguments'] if call['arguments'] is string else (call['arguments'] | tojson) -}}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|im_start|>assistant\\n' -}}"

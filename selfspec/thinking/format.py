@@ -251,12 +251,14 @@ def build_prompt_text(
     prompt: str | Sequence[dict],
     fmt: ThinkingFormat,
     enable_thinking: bool = True,
+    tools: list[dict] | None = None,
 ) -> tuple[str, bool]:
     """The prompt as text, and whether the tokenizer should add its own special tokens.
 
     Chat-templated prompts carry their special tokens (BOS included) in the text; raw
     prompts (no chat template: a string as given, messages via `plain_transcript`) get the
-    tokenizer's usual ones.
+    tokenizer's usual ones. `tools` (OpenAI function definitions) go to the template, which
+    renders them in the model's own format.
     """
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -264,7 +266,9 @@ def build_prompt_text(
     has_template = bool(_chat_template_text(tokenizer))
     if has_template:
         messages = _normalize_messages([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
-        kwargs = {"enable_thinking": enable_thinking} if fmt.template_takes_enable_thinking else {}
+        kwargs: dict[str, Any] = {"enable_thinking": enable_thinking} if fmt.template_takes_enable_thinking else {}
+        if tools:
+            kwargs["tools"] = tools
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         raw = False
     else:
@@ -286,6 +290,7 @@ def build_prompt_ids(
     prompt: str | Sequence[dict],
     fmt: ThinkingFormat,
     enable_thinking: bool = True,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """Token ids of the prompt, ready for generation.
 
@@ -296,7 +301,7 @@ def build_prompt_ids(
     opens thinking gets an empty, closed block. Raises ValueError on empty prompts or
     messages and unknown roles.
     """
-    text, raw = build_prompt_text(tokenizer, prompt, fmt, enable_thinking)
+    text, raw = build_prompt_text(tokenizer, prompt, fmt, enable_thinking, tools)
     return list(tokenizer.encode(text, add_special_tokens=raw))
 
 

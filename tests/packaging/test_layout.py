@@ -13,7 +13,7 @@ PACKAGE_ROOTS = [REPO / "selfspec", *sorted((REPO / "packages").glob("*/selfspec
 MAX_MODULE_LINES = 600
 
 # What `import selfspec` must not pull in: optional extras and the separately installed parts.
-NOT_ON_IMPORT = ("peft", "matplotlib", "fastapi", "uvicorn", "scipy", "selfspec_bench", "selfspec_research")
+NOT_ON_IMPORT = ("peft", "matplotlib", "fastapi", "uvicorn", "xgrammar", "scipy", "selfspec_bench", "selfspec_research")
 
 
 def _runtime_imports(tree: ast.AST):

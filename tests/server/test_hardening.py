@@ -1,12 +1,13 @@
 """Server defects a client or a hostile page would hit: one rule for stop strings, validated
-defaults, quiet disconnects, model retrieval, the API key on every route, JSON-only POSTs and
-no local paths shown as model names."""
+defaults, quiet disconnects, model retrieval, the API key on every route, JSON-only POSTs, no
+local paths shown as model names, and deadlines for request heads and bodies."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import socket
 
 import httpx
 import openai
@@ -17,6 +18,7 @@ from selfspec.engine.llm_engine import Engine
 from selfspec.engine.sampling import SamplingParams
 from selfspec.server import BackgroundServer, ServerConfig, create_app
 from selfspec.server.cli import build_defaults, default_served_name, load_llm
+from selfspec.server.connections import HeadTimeoutH11Protocol
 
 MODEL = "tiny"
 
@@ -165,3 +167,42 @@ def test_served_name_is_never_a_local_path(tmp_path):
     assert default_served_name(str(tmp_path / "models" / "my-model")) == "my-model"
     assert default_served_name("/srv/weights/qwen3-4b.gguf") == "qwen3-4b"
     assert default_served_name("./local-dir/") == "local-dir"
+
+
+def _closed_within(sock, seconds: float) -> bool:
+    """Whether the server closed `sock` within `seconds` (recv returns b"" or the peer resets)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_idle_and_half_sent_request_heads_are_closed(served, monkeypatch):
+    """Connections that never complete a request head are closed after the head deadline — idle
+    ones and ones that stall mid-head — while a normal request on the same server still works."""
+    monkeypatch.setattr(HeadTimeoutH11Protocol, "header_timeout_s", 0.5)
+    before = HeadTimeoutH11Protocol.closed_for_timeout
+    with BackgroundServer(create_app(served, ServerConfig(served_model_names=[MODEL]))) as srv:
+        idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
+        partial = socket.create_connection(("127.0.0.1", srv.port))
+        partial.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+        try:
+            assert all(_closed_within(s, 3.0) for s in idle + [partial])
+            assert HeadTimeoutH11Protocol.closed_for_timeout - before == 21
+            assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+        finally:
+            for s in idle + [partial]:
+                s.close()
+
+
+def test_a_stalled_body_gets_408(served):
+    with BackgroundServer(create_app(served, ServerConfig(served_model_names=[MODEL], body_timeout_s=0.5))) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            sock.sendall(head + b'{"model": ')
+            sock.settimeout(5.0)
+            reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in reply
