@@ -20,11 +20,13 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.fusion import compile_pointwise_modules
 from selfspec.engine.host_threads import limit_host_threads
 from selfspec.engine.kv_cache import SlotKVCache
+from selfspec.engine.linear_attention import is_gated_deltanet, layer_spec
 from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
+from selfspec.engine.state_cache import SlotStateCache
 from selfspec.engine.verify import VerifyResult, verify_proposal
 
 
@@ -188,7 +190,18 @@ class Engine:
             raise ValueError("cannot truncate into the prompt")
         del seq.token_ids[length:]
         del seq.output_shapes[length - seq.prompt_len :]
-        seq.num_cached = min(seq.num_cached, length - 1)
+        if length - 1 < seq.num_cached:
+            seq.num_cached = length - 1
+            if seq.slot is not None and not seq.is_finished:
+                self._settle(seq)
+
+    def _settle(self, seq: Sequence) -> None:
+        """Bring a linear-attention model's state to `seq.num_cached`. A state holds every token it
+        absorbed, so it is put back from what the last forward kept (`state_cache`); a position
+        before that forward's chunk cannot be reached and the context is recomputed from the start
+        (K/V rewritten with the same values, the state rebuilt)."""
+        if not self.runner.settle(seq.slot, seq.num_cached):
+            seq.num_cached = 0
 
     def cancel(self, seq: Sequence, detail: str = "cancelled") -> None:
         """Cancel a sequence and, recursively, its unfinished children; frees their slots."""
@@ -213,6 +226,8 @@ class Engine:
         seq.finish_reason = reason
         seq.finish_detail = detail
         seq.finish_time = time.perf_counter()
+        if seq.slot is not None:
+            self.runner.release_slot(seq.slot)
         self.scheduler.remove(seq)
         if seq.policy is not None:
             seq.policy.on_finish(self, seq)
@@ -270,6 +285,9 @@ class Engine:
                 seq.stats.prefill_forwards += 1
                 continue
             outcome = self._commit(seq, fed, proposal, forward.logits[i], forward.argmax[i], forward.shapes[i])
+            if proposal is not None and not seq.is_finished:
+                # Linear-attention state: back to the verified length (a snapshot of this forward).
+                self._settle(seq)
             events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
         # Policies react after every row is committed, so a fork sees a consistent engine.
         for event, outcome in events:
@@ -426,6 +444,8 @@ def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: 
     """How many KV slots of `max_len` fit in `fraction` of the device's free memory."""
     dtype = next(model.parameters()).dtype
     per_slot = SlotKVCache.bytes_per_slot(model.config, max_len, dtype)
+    linear = {int(m.layer_idx): layer_spec(m) for m in model.modules() if is_gated_deltanet(m)}
+    per_slot += SlotStateCache.bytes_per_slot(linear, dtype)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:
