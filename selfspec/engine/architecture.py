@@ -62,15 +62,14 @@ def check_architecture(model: torch.nn.Module) -> None:
         mixers = [m for m in layer.modules() if _is_attention(m) or is_gated_deltanet(m)]
         if mixers:
             continue
-        linear_named = [type(m).__name__ for m in layer.modules() if "DeltaNet" in type(m).__name__]
-        if linear_named or (types and types[index] == "linear_attention"):
+        children = ", ".join(sorted({type(m).__name__ for m in layer.children()})) or type(layer).__name__
+        if types and types[index] == "linear_attention":
+            # transformers labels every recurrent mixer (Mamba, Gated DeltaNet, ...) this way.
             what = (
-                f"its linear-attention layer {index} ({', '.join(linear_named) or type(layer).__name__}) does not "
-                "have the Gated DeltaNet parameters the engine's state cache runs (conv1d, A_log, dt_bias, "
-                "in_proj_qkv/z/b/a or in_proj_qkvz/ba)"
+                f"its linear-attention layer {index} ({children}) is not a Gated DeltaNet with the parameters the "
+                "engine's state cache runs (conv1d, A_log, dt_bias, in_proj_qkv/z/b/a or in_proj_qkvz/ba)"
             )
         else:
-            children = ", ".join(sorted({type(m).__name__ for m in layer.children()})) or "none"
             what = (
                 f"decoder layer {index} has no attention or Gated DeltaNet mixer (its modules: {children}); "
                 "recurrent/SSM or convolution mixers have no slot state in the engine"

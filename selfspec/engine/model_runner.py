@@ -118,8 +118,6 @@ class ModelRunner:
         self.eager_forwards = 0
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
         self._eager_key_length_used = 0  # the last eager forward's key length (its label)
-        if capture_graphs and self.device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
         # Why eager for linear-attention models: a verify step keeps each row's per-token states until
         # verification picks one (`state_cache`); inside a captured graph they would live in the graph's
         # pool and the next replay of the same shape would overwrite them before they are picked.
@@ -128,6 +126,8 @@ class ModelRunner:
             self.static_fallback = "eager: linear-attention state snapshots are not kept across CUDA graph replays"
             capture_graphs = False
             static_shapes = None
+        if capture_graphs and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
         self.static: StaticForwardPool | None = None
         if static_shapes is not None or capture_graphs:
             self.static = StaticForwardPool(self, static_shapes or GraphBuckets(), capture=capture_graphs)
