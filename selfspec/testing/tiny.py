@@ -236,17 +236,19 @@ def _hybrid_config(family: str, common: dict, num_layers: int):
 
 def _gemma4_config(common: dict, num_layers: int, sliding_window: int | None):
     """Gemma-4 text, E-series shape: sliding and full layers alternate (full layers with twice the
-    head dim), the last third of the layers reuse earlier K/V, per-layer input embeddings."""
+    head dim), per-layer input embeddings, and from 4 layers on the last third of the layers (an
+    even number, at least 2) reuse earlier K/V."""
     from transformers import Gemma4TextConfig
 
-    if num_layers < 4:
-        raise ValueError("a tiny Gemma-4 needs at least 4 layers (K/V producers of both types, then sharers)")
+    if num_layers < 2:
+        raise ValueError("a tiny Gemma-4 needs at least 2 layers (one sliding, one full)")
+    shared = max(2, num_layers // 3) // 2 * 2 if num_layers >= 4 else 0
     return Gemma4TextConfig(
         **common,
         layer_types=["full_attention" if i % 2 == 1 else "sliding_attention" for i in range(num_layers)],
         sliding_window=DEFAULT_GEMMA3_SLIDING_WINDOW if sliding_window is None else sliding_window,
         global_head_dim=2 * common["head_dim"],
-        num_kv_shared_layers=max(2, num_layers // 3) // 2 * 2,
+        num_kv_shared_layers=shared,
         hidden_size_per_layer_input=8,
         vocab_size_per_layer_input=common["vocab_size"],
         final_logit_softcapping=30.0,
@@ -271,7 +273,7 @@ def tiny_model(
     `gemma3` defaults to `sliding_window=8` with alternating sliding/full layers (last
     layer full); `qwen3` uses sliding layers only when `sliding_window` is given; `llama`
     rejects it. `qwen3_5` / `qwen3_next` alternate linear-attention and full layers (at least
-    2); `gemma4` needs at least 4 layers. Attention is SDPA. The global torch RNG is left
+    2); `gemma4` shares K/V from 4 layers on. Attention is SDPA. The global torch RNG is left
     untouched.
     """
     config = tiny_config(
