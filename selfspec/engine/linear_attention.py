@@ -150,8 +150,7 @@ def recurrent_rule(query, key, value, g, beta, initial_state, keep_states: bool)
         query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
         key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
     query, key, value, beta, decay = [
-        x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
-        for x in (query, key, value, beta, g)
+        x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format) for x in (query, key, value, beta, g)
     ]
     query = _l2norm(query)
     key = _l2norm(key)
@@ -194,7 +193,9 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
     weight = module.conv1d.weight.squeeze(1)
     conv_out = F.conv1d(window.to(weight.dtype), weight.unsqueeze(1), module.conv1d.bias, groups=weight.shape[0])
     conv_out = _activation(module.activation)(conv_out[:, :, -seq_len:]).to(mixed.dtype)
-    query, key, value = torch.split(conv_out.transpose(1, 2), [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    query, key, value = torch.split(
+        conv_out.transpose(1, 2), [module.key_dim, module.key_dim, module.value_dim], dim=-1
+    )
     query = query.reshape(batch, seq_len, -1, module.head_k_dim)
     key = key.reshape(batch, seq_len, -1, module.head_k_dim)
     value = value.reshape(batch, seq_len, -1, module.head_v_dim)

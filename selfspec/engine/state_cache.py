@@ -120,7 +120,8 @@ class SlotStateCache:
     def note_rows(self, slots: list[int], starts: list[int], lengths: list[int], chunk_len: int) -> None:
         """The host-side facts of the next forward's rows, for `settle` and `rewind` later."""
         self._forward_records = [
-            (slot, _Record(row, chunk_len - n, start, n)) for row, (slot, start, n) in enumerate(zip(slots, starts, lengths))
+            (slot, _Record(row, chunk_len - n, start, n))
+            for row, (slot, start, n) in enumerate(zip(slots, starts, lengths))
         ]
 
     def set_routing(

@@ -220,7 +220,9 @@ def test_unsupported_architectures_fail_at_load_naming_what_is_missing():
     mamba = AutoModelForCausalLM.from_config(
         MambaConfig(vocab_size=64, hidden_size=32, state_size=4, num_hidden_layers=2, expand=2)
     )
-    with pytest.raises(UnsupportedArchitectureError, match=r"MambaForCausalLM.*layer 0 \(MambaMixer.*not a Gated DeltaNet"):
+    with pytest.raises(
+        UnsupportedArchitectureError, match=r"MambaForCausalLM.*layer 0 \(MambaMixer.*not a Gated DeltaNet"
+    ):
         Engine(mamba, None, EngineConfig(num_slots=2, max_len=32), eos_token_ids=[])
     hybrid = _model("qwen3_5")
     hybrid.config.layer_types = ["chunked_attention", *hybrid.config.layer_types[1:]]

@@ -141,7 +141,9 @@ def _sample_reference(model) -> np.ndarray:
     prompts = torch.tensor([PROMPT] * N)
     kw = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0)
     with torch.inference_mode():
-        cot = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=COT, min_new_tokens=COT, **kw)
+        cot = model.generate(
+            prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=COT, min_new_tokens=COT, **kw
+        )
         closed = torch.cat([cot, torch.full((N, 1), CLOSE)], dim=1)
         full = model.generate(
             closed, attention_mask=torch.ones_like(closed), max_new_tokens=ANSWER, min_new_tokens=ANSWER, **kw
@@ -160,7 +162,13 @@ def test_ssr_sampling_preserves_the_distribution_on_a_hybrid_model():
     answers, accepted = [], 0
     for start in range(0, N, 250):
         seqs = [
-            llm.submit(PROMPT, SamplingParams(max_tokens=16, temperature=1.0, seed=start + i), spec=spec, limits=limits, thinking=True)
+            llm.submit(
+                PROMPT,
+                SamplingParams(max_tokens=16, temperature=1.0, seed=start + i),
+                spec=spec,
+                limits=limits,
+                thinking=True,
+            )
             for i in range(250)
         ]
         llm.run_until_done(seqs)
@@ -171,7 +179,9 @@ def test_ssr_sampling_preserves_the_distribution_on_a_hybrid_model():
     assert accepted / N > 0.2, "drafts were hardly ever accepted: verification not exercised"
     answers = np.array(answers)
     for pos in range(ANSWER):
-        table = np.array([np.bincount(reference[:, pos], minlength=VOCAB), np.bincount(answers[:, pos], minlength=VOCAB)])
+        table = np.array(
+            [np.bincount(reference[:, pos], minlength=VOCAB), np.bincount(answers[:, pos], minlength=VOCAB)]
+        )
         table = table[:, table.sum(axis=0) >= 20]
         p = chi2_contingency(table)[1]
         assert p > 0.01, f"answer position {pos}: p={p:.4g}"
