@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
 from typing import Callable
 
 import torch
@@ -72,27 +73,26 @@ def layer_spec(module: torch.nn.Module) -> LinearLayerSpec:
 
 def install(model: torch.nn.Module) -> dict[int, LinearLayerSpec]:
     """Give every Gated DeltaNet layer of `model` the dispatching forward; return their specs
-    by layer index. Idempotent (shallow drafts share their layers with the target)."""
+    by layer index. Idempotent (shallow drafts share their layers with the target).
+
+    The forward is a bound method, so a deep copy of a layer (a distilled draft, an arbitrator)
+    dispatches on the copy's own weights."""
     specs: dict[int, LinearLayerSpec] = {}
     for module in model.modules():
         if not is_gated_deltanet(module):
             continue
         specs[int(module.layer_idx)] = layer_spec(module)
-        if not getattr(module.forward, "_selfspec_linear", False):
-            module.forward = _dispatch(module, module.forward)
+        if getattr(module.forward, "__func__", None) is not _dispatching_forward:
+            module.forward = types.MethodType(_dispatching_forward, module)
     return specs
 
 
-def _dispatch(module: torch.nn.Module, eager: Callable) -> Callable:
-    def forward(hidden_states: torch.Tensor, *args, **kwargs):
-        cache = active_cache()
-        if cache is None or cache.routing is None:
-            return eager(hidden_states, *args, **kwargs)
-        return slot_forward(module, hidden_states, cache)
-
-    forward.__wrapped__ = eager  # type: ignore[attr-defined]
-    forward._selfspec_linear = True  # type: ignore[attr-defined]
-    return forward
+def _dispatching_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+    """The engine's forward inside a runner's step, transformers' class forward otherwise."""
+    cache = active_cache()
+    if cache is None or cache.routing is None:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    return slot_forward(self, hidden_states, cache)
 
 
 def _projections(module, hidden_states: torch.Tensor):
