@@ -231,3 +231,28 @@ def test_unsupported_architectures_fail_at_load_naming_what_is_missing():
             Engine(hybrid, None, EngineConfig(num_slots=2, max_len=32), eos_token_ids=[])
     finally:
         hybrid.config.layer_types = ["linear_attention", *hybrid.config.layer_types[1:]]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", pytest.param("gemma4", marks=pytest.mark.slow)])
+def test_fused_pointwise_path_is_exact(family):
+    """The compiled twins (norms, MLP, rotary; q/k/v and gate/up as one GEMM) on these
+    architectures, through the static path with speculation (aot_eager: no compiler needed)."""
+    from selfspec.engine.fusion import compile_pointwise_modules
+
+    model = _model(family)
+    ps = prompts([6, 11], seed=8)
+    refs = []
+    for p in ps:
+        ids = torch.tensor([p])
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=14, min_new_tokens=14, do_sample=False
+            )
+        refs.append(out[0, len(p) :].tolist())
+    assert compile_pointwise_modules(model, backend="aot_eager")
+    engine = make_engine(model, static_shapes=True, compile_pointwise=True, compile_backend="aot_eager")
+    assert engine.runner.fused_pointwise
+    policies = [_ScriptedPolicy(r, len(p), 1, 2) for p, r in zip(ps, refs)]
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=14), policy=pol) for p, pol in zip(ps, policies)]
+    run(engine, seqs)
+    assert [s.output_ids for s in seqs] == refs
