@@ -87,6 +87,55 @@ SHAPES = {
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
     ),
+    # Qwen3.5-4B's text model, from its published config as recalled (not read from the hub):
+    # Gated DeltaNet layers with a full-attention layer every 4th (8 of 32), gated attention with
+    # partial rotary. Least sure: hidden/intermediate sizes and the linear-attention head counts.
+    "qwen3.5-4b": dict(
+        family="qwen3_5",
+        vocab_size=248320,
+        hidden_size=2560,
+        intermediate_size=9216,
+        num_hidden_layers=32,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        full_attention_interval=4,
+        tie_word_embeddings=True,
+        max_position_embeddings=262144,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+    ),
+    # Gemma-4-E4B's text model, as recalled: 42 layers (sliding:full 5:1, window 512), full
+    # layers with head dim 512, the last 18 layers reuse earlier K/V, 256-wide per-layer inputs.
+    # Least sure: the layer and shared-layer counts, intermediate size and kv heads.
+    "gemma4-e4b": dict(
+        family="gemma4",
+        vocab_size=262144,
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_hidden_layers=42,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=256,
+        global_head_dim=512,
+        sliding_window=512,
+        num_kv_shared_layers=18,
+        hidden_size_per_layer_input=256,
+        vocab_size_per_layer_input=262144,
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+    ),
 }
 
 # Kernel classes of a step's GPU time, matched in order on the lower-cased kernel name.
@@ -121,6 +170,14 @@ def shaped_model(name: str, dtype: torch.dtype, device: str):
         config = Qwen3Config(**spec)
     elif family == "qwen2":
         config = Qwen2Config(**spec)
+    elif family == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+
+        config = Qwen3_5TextConfig(**spec)
+    elif family == "gemma4":
+        from transformers import Gemma4TextConfig
+
+        config = Gemma4TextConfig(**spec)  # default layer types: every 6th layer full
     else:
         config = LlamaConfig(**spec)
     with torch.device(device):

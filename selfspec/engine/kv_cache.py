@@ -11,10 +11,13 @@ kwargs, so the per-step routing (which slot and position each query token writes
 many key positions attention reads) lives on the object and is set by the model runner
 before each forward (`prepare_step`).
 
-Layout per layer: keys/values `[num_slots + 1, kv_heads, max_len, head_dim]`. The extra last
-slot is a scratch row: padding tokens of a batched step write there, so padding never
-touches a real sequence. Buffers start at zero: never-written positions are masked, but a
-NaN there would still poison the attention output.
+Layout per layer: keys/values `[num_slots + 1, kv_heads, max_len, head_dim]`, sized per layer
+(Gemma-4 has other head dims on its full-attention layers). The extra last slot is a scratch
+row: padding tokens of a batched step write there, so padding never touches a real sequence.
+Buffers start at zero: never-written positions are masked, but a NaN there would still poison
+the attention output. Layers that keep no K/V — linear-attention layers (their state lives in
+`engine.state_cache`) and layers that reuse an earlier layer's K/V (Gemma-4's KV sharing) —
+get no buffer.
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ class SlotKVCache(Cache):
         device: torch.device | str,
         layer_types: list[str] | None = None,
         sliding_window: int | None = None,
+        layer_shapes: list[tuple[int, int] | None] | None = None,
     ) -> None:
+        """`layer_shapes[i]`: (kv_heads, head_dim) of layer i, or None for a layer without K/V;
+        by default every layer has `(num_kv_heads, head_dim)`."""
         types = layer_types or ["full_attention"] * num_layers
         layers = [
             _SlotLayer(t == "sliding_attention", sliding_window if t == "sliding_attention" else None) for t in types
@@ -76,9 +82,18 @@ class SlotKVCache(Cache):
         self.num_slots = num_slots
         self.max_len = max_len
         self.scratch_slot = num_slots
-        shape = (num_slots + 1, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shapes = layer_shapes if layer_shapes is not None else [(num_kv_heads, head_dim)] * num_layers
+        if len(shapes) != num_layers:
+            raise ValueError(f"{len(shapes)} layer shapes for {num_layers} layers")
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+        for shape in shapes:
+            full = None if shape is None else (num_slots + 1, shape[0], max_len, shape[1])
+            self.keys.append(None if full is None else torch.zeros(full, dtype=dtype, device=device))
+            self.values.append(None if full is None else torch.zeros(full, dtype=dtype, device=device))
+        if all(k is None for k in self.keys):
+            raise ValueError("a slot KV cache needs at least one layer with K/V")
+        self.device = next(k for k in self.keys if k is not None).device
         self._routing: _StepRouting | None = None
         self.kv_write_error: str | None = None
         self.kv_write_pdl = False
@@ -89,10 +104,9 @@ class SlotKVCache(Cache):
     # ------------------------------------------------------------------ sizing
     @staticmethod
     def bytes_per_slot(config, max_len: int, dtype: torch.dtype) -> int:
-        """Memory one slot needs, for sizing the pool from free memory."""
-        num_layers, kv_heads, head_dim = model_kv_shape(config)
+        """Memory one slot's K/V needs, for sizing the pool from free memory."""
         elem = torch.finfo(dtype).bits // 8
-        return 2 * num_layers * kv_heads * max_len * head_dim * elem
+        return sum(2 * s[0] * max_len * s[1] * elem for s in layer_kv_shapes(config) if s is not None)
 
     def _kv_write_works(self, use_pdl: bool = False) -> bool:
         """Run the KV-write kernel once into the scratch slot against advanced indexing.
@@ -132,7 +146,7 @@ class SlotKVCache(Cache):
         Chunks are right-aligned in the [B, chunk_len] input (padding first), so padding
         positions are routed to the scratch slot.
         """
-        device = self.keys[0].device
+        device = self.device
         batch = len(slots)
         col = torch.arange(chunk_len, device=device).unsqueeze(0)  # [1, T]
         lengths_t = torch.tensor(lengths, device=device).unsqueeze(1)
@@ -187,6 +201,8 @@ class SlotKVCache(Cache):
         if r is None:
             raise RuntimeError("SlotKVCache.update called outside an engine step (prepare_step not called)")
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if k_buf is None:
+            raise RuntimeError(f"layer {layer_idx} keeps no K/V in this cache (linear attention or shared K/V)")
         if r.direct and self.kv_write_kernel:
             # Static forwards that read the cache in place: K and V in one kernel (see kv_write).
             kv_write.write_kv(
@@ -220,6 +236,8 @@ class SlotKVCache(Cache):
         if length <= 0:
             return
         for k_buf, v_buf in zip(self.keys, self.values):
+            if k_buf is None:
+                continue
             k_buf[dst, :, :length].copy_(k_buf[src, :, :length])
             v_buf[dst, :, :length].copy_(v_buf[src, :, :length])
 
@@ -249,10 +267,45 @@ class SlotKVCache(Cache):
 
 
 def model_kv_shape(config) -> tuple[int, int, int]:
-    """(num_layers, kv_heads, head_dim) for a decoder config."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    """(num_layers, kv_heads, head_dim) for a decoder config whose layers all have one shape
+    (the first layer with K/V for models whose layers differ: see `layer_kv_shapes`)."""
+    text = _text_config(config)
+    shapes = [s for s in layer_kv_shapes(config) if s is not None]
+    kv_heads, head_dim = shapes[0] if shapes else (0, 0)
+    return text.num_hidden_layers, kv_heads, head_dim
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def layer_attr(text, layer: int, name: str, default=None):
+    """A per-layer attribute: `per_layer_config[layer].name` on configs that vary per layer
+    (Gemma-4; transformers raises on the global attribute there), else the global one."""
+    per_layer = None
+    if getattr(text, "is_heterogeneous", False):
+        per_layer = text.per_layer_config
+    if per_layer is not None:
+        return getattr(per_layer[layer], name, default)
+    return getattr(text, name, default)
+
+
+def layer_kv_shapes(config) -> list[tuple[int, int] | None]:
+    """(kv_heads, head_dim) per decoder layer, None where a layer keeps no K/V of its own:
+    linear-attention layers, and the last `num_kv_shared_layers` layers (they reuse the K/V of an
+    earlier layer of their type, as Gemma-4's attention reads them from `shared_kv_states`)."""
+    text = _text_config(config)
     num_layers = text.num_hidden_layers
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return num_layers, kv_heads, head_dim
+    types = list(getattr(text, "layer_types", None) or ["full_attention"] * num_layers)
+    shared = int(getattr(text, "num_kv_shared_layers", 0) or 0)
+    first_shared = num_layers - shared if shared else num_layers
+    shapes: list[tuple[int, int] | None] = []
+    for i in range(num_layers):
+        if types[i] == "linear_attention" or i >= first_shared:
+            shapes.append(None)
+            continue
+        heads = layer_attr(text, i, "num_attention_heads")
+        kv_heads = layer_attr(text, i, "num_key_value_heads") or heads
+        head_dim = layer_attr(text, i, "head_dim") or text.hidden_size // heads
+        shapes.append((int(kv_heads), int(head_dim)))
+    return shapes

@@ -20,13 +20,13 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.constraint import ConstraintViolation, SequenceConstraint
 from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
 from selfspec.engine.host_threads import limit_host_threads
-from selfspec.engine.kv_cache import SlotKVCache
 from selfspec.engine.logits_processing import has_penalties, penalized, token_logprobs
 from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
+from selfspec.engine.sizing import eos_ids, model_context_length, slots_from_free_memory
 from selfspec.engine.skinny_gemm import SkinnyGemmTable
 from selfspec.engine.verify import VerifyResult, verify_proposal
 
@@ -107,7 +107,7 @@ class Engine:
         self._max_proposal = self._proposal_cap()
         self.device = device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else _eos_ids(model, tokenizer))
+        self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else eos_ids(model, tokenizer))
         self.scheduler = Scheduler(
             self.config.num_slots, self.config.prefill_chunk, self.config.max_prefill_tokens_per_step
         )
@@ -230,7 +230,18 @@ class Engine:
         del seq.token_ids[length:]
         del seq.output_shapes[length - seq.prompt_len :]
         del seq.logprobs[length - seq.prompt_len :]
-        seq.num_cached = min(seq.num_cached, length - 1)
+        if length - 1 < seq.num_cached:
+            seq.num_cached = length - 1
+            if seq.slot is not None and not seq.is_finished:
+                self._settle(seq)
+
+    def _settle(self, seq: Sequence) -> None:
+        """Bring a linear-attention model's state to `seq.num_cached`. A state holds every token it
+        absorbed, so it is put back from what the last forward kept (`state_cache`); a position
+        before that forward's chunk cannot be reached and the context is recomputed from the start
+        (K/V rewritten with the same values, the state rebuilt)."""
+        if not self.runner.settle(seq.slot, seq.num_cached):
+            seq.num_cached = 0
 
     def cancel(self, seq: Sequence, detail: str = "cancelled") -> None:
         """Cancel a sequence and, recursively, its unfinished children; frees their slots."""
@@ -255,6 +266,8 @@ class Engine:
         seq.finish_reason = reason
         seq.finish_detail = detail
         seq.finish_time = time.perf_counter()
+        if seq.slot is not None:
+            self.runner.release_slot(seq.slot)
         self.scheduler.remove(seq)
         if seq.policy is not None:
             seq.policy.on_finish(self, seq)
@@ -320,6 +333,9 @@ class Engine:
                 first = self._commit(sibling, 0, None, logits[:1], argmax[:1], shape, self._first_mask(sibling))
                 events.append((StepEvent(sibling, list(first.committed), sibling.is_finished), first))
             outcome = self._commit(seq, fed, proposal, logits, argmax, shape, mask)
+            if proposal is not None and not seq.is_finished:
+                # Linear-attention state: back to the verified length (a snapshot of this forward).
+                self._settle(seq)
             events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
         # Policies react after every row is committed, so a fork sees a consistent engine.
         for event, outcome in events:
@@ -546,50 +562,3 @@ def _sample_seed(seed: int | None, index: int) -> int | None:
     if seed is None:
         return None
     return hash((seed, index)) & (2**63 - 1)
-
-
-def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: float, cap: int = 256) -> int:
-    """How many KV slots of `max_len` fit in `fraction` of the device's free memory."""
-    dtype = next(model.parameters()).dtype
-    per_slot = SlotKVCache.bytes_per_slot(model.config, max_len, dtype)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-    else:
-        free = _available_host_memory()
-    slots = int(free * fraction // per_slot) - 1  # one slot's worth stays for the scratch row
-    if slots < 1:
-        raise ValueError(
-            f"not even one KV slot of {max_len} positions ({per_slot / 2**20:.0f} MiB) fits in {fraction:.0%} "
-            f"of free memory ({free / 2**20:.0f} MiB); lower max_len"
-        )
-    return min(slots, cap)
-
-
-def _available_host_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * 2**30
-
-
-def model_context_length(config) -> int:
-    """The model's positions (max_position_embeddings; 4096 when the config names none)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(getattr(text, "max_position_embeddings", None) or 4096)
-
-
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(t) for t in source)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids

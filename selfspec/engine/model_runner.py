@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.engine import cpu_head
+from selfspec.engine import cpu_head, linear_attention
 from selfspec.engine import slot_attention as slot_attention_glue
+from selfspec.engine.architecture import check_architecture
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
 from selfspec.engine.cpu_head import weight_major_head
 from selfspec.engine.fusion import fused
-from selfspec.engine.kv_cache import SlotKVCache, model_kv_shape
+from selfspec.engine.kv_cache import SlotKVCache, layer_kv_shapes, model_kv_shape
+from selfspec.engine.state_cache import SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets, StaticForwardPool
 
 
@@ -74,8 +76,9 @@ class ModelRunner:
         self.model = model
         self.config = model.config
         text_config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
-        if getattr(text_config, "use_bidirectional_attention", False):
+        if getattr(text_config, "use_bidirectional_attention", False) in (True, "all"):
             raise ValueError("models with bidirectional attention are not causal LMs; the engine cannot serve them")
+        check_architecture(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.max_len = max_len
@@ -85,6 +88,7 @@ class ModelRunner:
         self.static_padding_budget = static_padding_budget
         num_layers, kv_heads, head_dim = model_kv_shape(self.config)
         layer_types = getattr(text_config, "layer_types", None)
+        self.layer_types = sorted(set(layer_types or ["full_attention"]))
         self.sliding_window = getattr(text_config, "sliding_window", None)
         self.has_sliding = bool(layer_types) and "sliding_attention" in layer_types and self.sliding_window is not None
         self.cache = SlotKVCache(
@@ -97,7 +101,14 @@ class ModelRunner:
             device=self.device,
             layer_types=layer_types if self.has_sliding else None,
             sliding_window=self.sliding_window if self.has_sliding else None,
+            layer_shapes=layer_kv_shapes(self.config),
         )
+        # Linear-attention layers (Gated DeltaNet) keep a per-slot state instead of K/V.
+        linear_specs = linear_attention.install(model)
+        self.state: SlotStateCache | None = None
+        if linear_specs:
+            self.state = SlotStateCache(linear_specs, num_slots=num_slots, dtype=self.dtype, device=self.device)
+        self.kv_shared = int(getattr(text_config, "num_kv_shared_layers", 0) or 0) > 0
         params = inspect.signature(model.forward).parameters
         # transformers 5.24 renamed `past_key_values` to `cache`; 5.17 silently swallows `cache=`.
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -107,14 +118,26 @@ class ModelRunner:
         self.eager_forwards = 0
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
         self._eager_key_length_used = 0  # the last eager forward's key length (its label)
+        # Why eager for linear-attention models: a verify step keeps each row's per-token states until
+        # verification picks one (`state_cache`); inside a captured graph they would live in the graph's
+        # pool and the next replay of the same shape would overwrite them before they are picked.
+        self.static_fallback: str | None = None
+        if capture_graphs and self.state is not None:
+            self.static_fallback = "eager: linear-attention state snapshots are not kept across CUDA graph replays"
+            capture_graphs = False
+            static_shapes = None
         if capture_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
         self.static: StaticForwardPool | None = None
         if static_shapes is not None or capture_graphs:
             self.static = StaticForwardPool(self, static_shapes or GraphBuckets(), capture=capture_graphs)
         # Static forwards read the slot cache in place with the Triton kernel (engine.slot_attention)
-        # when asked and possible (Triton present, SDPA model, power-of-two head size).
-        self.slot_attention = bool(slot_attention and self.static is not None and slot_attention_glue.use_for(model))
+        # when asked and possible (Triton present, SDPA model, power-of-two head size). Not with
+        # shared K/V: the layers that reuse a K/V read it from the model's `shared_kv_states`, which
+        # would then hold whole cache buffers instead of the rows' keys.
+        self.slot_attention = bool(
+            slot_attention and self.static is not None and not self.kv_shared and slot_attention_glue.use_for(model)
+        )
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -189,6 +212,27 @@ class ModelRunner:
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
+        if self.state is not None:
+            self.state.copy_slot(src, dst)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the model has linear-attention layers (a state that cannot be truncated)."""
+        return self.state is not None
+
+    def settle(self, slot: int, position: int) -> bool:
+        """Put `slot`'s linear-attention state at `position` (cached tokens after a verify or a
+        truncation). True when the slot is there (always for models without such layers); False
+        when the position lies before the last forward's chunk: the caller must then recompute the
+        context from position 0."""
+        if self.state is None:
+            return True
+        return self.state.settle(slot, position)
+
+    def release_slot(self, slot: int) -> None:
+        """The slot's sequence is gone: drop what was kept to roll its state back."""
+        if self.state is not None:
+            self.state.forget(slot)
 
     # ------------------------------------------------------------------ internals
     def _group(self, chunks: list[Chunk]) -> list[list[int]]:
@@ -252,11 +296,10 @@ class ModelRunner:
         key_length = min(self.max_len, -(-needed // self.key_length_bucket) * self.key_length_bucket)
         self._eager_key_length_used = key_length
         mask = build_additive_mask(positions, key_length, self.dtype)
+        sliding = None
         if self.has_sliding:
             sliding = build_additive_mask(positions, key_length, self.dtype, self.sliding_window)
-            attention_mask = {"full_attention": mask, "sliding_attention": sliding}
-        else:
-            attention_mask = mask
+        attention_mask = self.mask_mapping(mask, sliding)
         self.cache.prepare_step(
             slots=[c.slot for c in chunks],
             starts=[c.start for c in chunks],
@@ -264,24 +307,44 @@ class ModelRunner:
             chunk_len=chunk_len,
             key_length=key_length,
         )
+        if self.state is not None:
+            self.state.prepare_step(
+                [c.slot for c in chunks],
+                [c.start for c in chunks],
+                [len(c.token_ids) for c in chunks],
+                chunk_len,
+                snapshots=any(c.num_logits > 1 for c in chunks),
+            )
         num_logits = max(1, max(c.num_logits for c in chunks))
         return self.call_model(input_ids, attention_mask, positions, num_logits)
+
+    def mask_mapping(self, mask: torch.Tensor, sliding: torch.Tensor | None):
+        """The attention mask as the model takes it: one tensor, or a dict per layer type when the
+        model has several (linear-attention layers take none: their padding is the state cache's)."""
+        if len(self.layer_types) == 1 and sliding is None:
+            return mask
+        by_type = {"full_attention": mask, "sliding_attention": sliding if sliding is not None else mask}
+        by_type["linear_attention"] = None
+        return {t: by_type.get(t, mask) for t in {*self.layer_types, "full_attention"}}
 
     def call_model(
         self, input_ids: torch.Tensor, attention_mask, positions: torch.Tensor, logits_to_keep: int
     ) -> torch.Tensor:
-        """The model over a routed step (the cache's routing is set); clears the routing after."""
+        """The model over a routed step (the caches' routing is set); clears the routing after."""
         try:
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-                **{self.cache_kwarg: self.cache},
-            )
+            with linear_attention.running(self.state):
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=logits_to_keep,
+                    **{self.cache_kwarg: self.cache},
+                )
         finally:
             self.cache.end_step()
+            if self.state is not None:
+                self.state.end_step()
         return out.logits
 
 

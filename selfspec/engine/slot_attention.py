@@ -278,10 +278,10 @@ def use_for(model: torch.nn.Module) -> bool:
     device = next(model.parameters()).device
     if not available(device):
         return False
-    head_dim = getattr(
-        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config, "head_dim", None
-    )
-    if head_dim is None or head_dim < 16 or head_dim & (head_dim - 1):
+    from selfspec.engine.kv_cache import layer_kv_shapes
+
+    head_dims = {shape[1] for shape in layer_kv_shapes(model.config) if shape is not None}
+    if not head_dims or any(d < 16 or d & (d - 1) for d in head_dims):
         return False
     configs = [model.config]
     if hasattr(model.config, "get_text_config"):

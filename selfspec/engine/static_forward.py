@@ -134,6 +134,7 @@ class StaticForwardPool:
         self.capture_seconds = 0.0
         self.capture_error: str | None = None
         self.slot_attention_error: str | None = None
+        self._snapshots = False  # this step's rows verify proposals (linear-attention state snapshots)
 
     # ------------------------------------------------------------------ shape selection
     def shape_for(self, chunks: list["Chunk"]) -> tuple[int, int, int] | None:
@@ -181,6 +182,10 @@ class StaticForwardPool:
             arr[2, row, pad:] = chunk.slot
             arr[3, row, pad:] = arr[1, row, pad:]
             arr[4, row, :] = chunk.slot
+        state = self.runner.state
+        if state is not None:
+            state.note_rows([c.slot for c in chunks], [c.start for c in chunks], [len(c.token_ids) for c in chunks], t)
+            self._snapshots = any(c.num_logits > 1 for c in chunks)
         return host
 
     def _build(self, shape: tuple[int, int, int]) -> StaticForward:
@@ -233,12 +238,18 @@ class StaticForwardPool:
         query = positions.unsqueeze(-1)
         allowed = keys <= query
         mask = torch.where(allowed, self.mask_zero, self.mask_min).unsqueeze(1)
+        sliding = None
         if runner.has_sliding:
             sliding_allowed = allowed & (keys > query - runner.sliding_window)
             sliding = torch.where(sliding_allowed, self.mask_zero, self.mask_min).unsqueeze(1)
-            attention_mask = {"full_attention": mask, "sliding_attention": sliding}
-        else:
-            attention_mask = mask
+        attention_mask = runner.mask_mapping(mask, sliding)
+        if runner.state is not None:
+            runner.state.set_routing(
+                read_slots=forward.packed[4, :, 0],
+                write_slots=forward.packed[2],
+                positions=positions,
+                snapshots=self._snapshots,
+            )
         runner.cache.set_routing(
             write_slots=forward.packed[2],
             write_positions=forward.packed[3],

@@ -89,6 +89,7 @@ class DraftModelProposer:
         self.slot: int | None = None
         self.cached: list[int] = []  # tokens whose K/V the draft slot holds, in order
         self._known = 0  # context length at the last call: that prefix is certainly cached
+        self._checkpoint: int | None = None  # linear-attention drafts: context length of the saved state
 
     @property
     def group_key(self) -> DraftModelRunner:
@@ -115,6 +116,11 @@ class DraftModelProposer:
         # with it up to the previous context length; only the proposed tail needs comparing.
         common = _common_prefix(self.cached, context, start=min(self._known, len(self.cached)))
         common = min(common, len(context) - 1)  # always re-feed at least the last token
+        if self.draft.runner.stateful:
+            # A linear-attention state cannot drop the rejected tail: go back to the checkpoint
+            # taken at the previous committed context and re-feed from there (from 0 without one).
+            ckpt = self._checkpoint
+            common = ckpt if ckpt is not None and ckpt <= common and self.draft.runner.state.restore(self.slot) else 0
         return _DraftJob(self, list(context), k, common, list(context[common:]))
 
     def _finish(self, job: "_DraftJob") -> Proposal:
@@ -124,10 +130,12 @@ class DraftModelProposer:
 
     def release(self) -> None:
         if self.slot is not None:
+            self.draft.runner.release_slot(self.slot)
             self.draft.slots.release(self.slot)
             self.slot = None
             self.cached = []
             self._known = 0
+            self._checkpoint = None
 
 
 class _DraftJob:
@@ -173,6 +181,10 @@ def propose_group(requests: list[tuple[DraftModelProposer, Sequence[int], int]])
         forward = draft.runner.run([Chunk(job.proposer.slot, job.position, job.feed, 1) for job in active], want_logits)
         draft.forwards += 1
         for job, row_logits, row_argmax in zip(active, forward.logits, forward.argmax):
+            if not job.tokens and draft.runner.stateful:
+                # The state now holds exactly the committed context: the next round restarts here.
+                draft.runner.state.checkpoint(job.proposer.slot)
+                job.proposer._checkpoint = len(job.context)
             params = job.proposer.params
             if params.greedy:
                 token = int(row_argmax[-1])

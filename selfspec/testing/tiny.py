@@ -2,7 +2,9 @@
 
 No model hub is reachable, and engine tests must run in seconds on two CPU cores, so
 every engine test builds its model here: a random-weight `transformers` model of a real
-family (Llama, Qwen3, Gemma-3 with sliding + full layers) and a small byte-level BPE
+family (Llama, Qwen3, Gemma-3 with sliding + full layers; the hybrid linear-attention
+Qwen3.5 and Qwen3-Next; Gemma-4 text with per-layer head dims, shared K/V and per-layer
+input embeddings as in its E-series) and a small byte-level BPE
 tokenizer with a Qwen3-like ChatML template that has `<think>`/`</think>` as single
 tokens. Weights are drawn with a wide init so logits are far from ties: the engine's
 exactness tests compare argmax tokens between decoding modes, and near-ties would make
@@ -18,8 +20,10 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-Family = Literal["llama", "qwen3", "gemma3"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen3", "gemma3")
+Family = Literal["llama", "qwen3", "gemma3", "qwen3_5", "qwen3_next", "gemma4"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen3", "gemma3", "qwen3_5", "qwen3_next", "gemma4")
+HYBRID_FAMILIES: tuple[str, ...] = ("qwen3_5", "qwen3_next")
+"""Families with linear-attention (Gated DeltaNet) layers beside full attention."""
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -201,6 +205,10 @@ def tiny_config(
             max_window_layers=num_layers,
             layer_types=_layer_types(num_layers, sliding),
         )
+    if family in HYBRID_FAMILIES:
+        return _hybrid_config(family, common, num_layers)
+    if family == "gemma4":
+        return _gemma4_config(common, num_layers, sliding_window)
     from transformers import Gemma3TextConfig
 
     window = DEFAULT_GEMMA3_SLIDING_WINDOW if sliding_window is None else sliding_window
@@ -209,6 +217,62 @@ def tiny_config(
         query_pre_attn_scalar=hidden // heads,
         sliding_window=window,
         layer_types=_layer_types(num_layers, sliding=True),
+    )
+
+
+def _hybrid_layer_types(num_layers: int) -> list[str]:
+    """Linear-attention layers with a full-attention layer every second layer, ending on one
+    (the published models have one in four; two layers in four keep tiny models cheap)."""
+    if num_layers < 2:
+        raise ValueError("a hybrid model needs at least 2 layers (linear + full attention)")
+    return ["full_attention" if i % 2 == 1 else "linear_attention" for i in range(num_layers)]
+
+
+def _hybrid_config(family: str, common: dict, num_layers: int):
+    """Qwen3.5 text or Qwen3-Next (a small MoE): Gated DeltaNet with GQA on its q/k heads."""
+    linear = dict(
+        layer_types=_hybrid_layer_types(num_layers),
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+    )
+    if family == "qwen3_5":
+        from transformers import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(**common, **linear)
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        **common,
+        **linear,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=common["hidden_size"] // 2,
+        shared_expert_intermediate_size=common["hidden_size"] // 2,
+        decoder_sparse_step=1,
+    )
+
+
+def _gemma4_config(common: dict, num_layers: int, sliding_window: int | None):
+    """Gemma-4 text, E-series shape: sliding and full layers alternate (full layers with twice the
+    head dim), per-layer input embeddings, and from 4 layers on the last third of the layers (an
+    even number, at least 2) reuse earlier K/V."""
+    from transformers import Gemma4TextConfig
+
+    if num_layers < 2:
+        raise ValueError("a tiny Gemma-4 needs at least 2 layers (one sliding, one full)")
+    shared = max(2, num_layers // 3) // 2 * 2 if num_layers >= 4 else 0
+    return Gemma4TextConfig(
+        **common,
+        layer_types=["full_attention" if i % 2 == 1 else "sliding_attention" for i in range(num_layers)],
+        sliding_window=DEFAULT_GEMMA3_SLIDING_WINDOW if sliding_window is None else sliding_window,
+        global_head_dim=2 * common["head_dim"],
+        num_kv_shared_layers=shared,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=common["vocab_size"],
+        final_logit_softcapping=30.0,
     )
 
 
@@ -229,7 +293,9 @@ def tiny_model(
 
     `gemma3` defaults to `sliding_window=8` with alternating sliding/full layers (last
     layer full); `qwen3` uses sliding layers only when `sliding_window` is given; `llama`
-    rejects it. Attention is SDPA. The global torch RNG is left untouched.
+    rejects it. `qwen3_5` / `qwen3_next` alternate linear-attention and full layers (at least
+    2); `gemma4` shares K/V from 4 layers on. Attention is SDPA. The global torch RNG is left
+    untouched.
     """
     config = tiny_config(
         family,

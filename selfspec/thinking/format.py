@@ -6,8 +6,9 @@ ends thinking; the server splits output into `reasoning_content` and `content`. 
 need the same facts about a model family, gathered once here from its tokenizer:
 
 * ``native``: the family thinks by itself (Qwen3: `<think>`/`</think>` are single vocab
-  tokens and the template takes `enable_thinking`; DeepSeek-R1: the template ends the
-  generation prompt with `<think>\\n`).
+  tokens and the template takes `enable_thinking`; DeepSeek-R1 and Qwen3.5: the template
+  ends the generation prompt with `<think>\\n`; Gemma-4: thinking is a channel,
+  `<|channel>thought\\n ... <channel|>`, switched on by `<|think|>` in the system turn).
 * ``prompted``: no native thinking (SmolLM2): the prompt builder opens the assistant
   turn with the start marker text, and closing appends the end marker's tokens.
 * ``none``: no thinking phase at all (plain answering).
@@ -34,6 +35,44 @@ KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # the marker's first characters with what precedes it, so each context can yield a
 # different token sequence for the same text.
 _END_MARKER_CONTEXTS: tuple[str, ...] = ("", "\n", "\n\n", " ", ".", "a", "1", ")", ":", "`")
+
+
+@dataclass(frozen=True)
+class MarkerStyle:
+    """A family's thinking markers when they are not `<think>`/`</think>`.
+
+    `signature`: special tokens that identify the family (each a single token in its vocabulary,
+    the first named by its chat template). `close`: the text appended to force-close thinking.
+    """
+
+    name: str
+    start: str
+    end: str
+    close: str
+    signature: tuple[str, ...]
+
+
+MARKER_STYLES: tuple[MarkerStyle, ...] = (
+    # Gemma-4: the model opens `<|channel>thought\n`, reasons, closes with `<channel|>` and answers
+    # right after it (the chat template re-renders earlier reasoning as
+    # `<|channel>thought\n...<channel|>`; with thinking off the larger models' generation prompt
+    # holds an empty, closed channel).
+    MarkerStyle(
+        name="gemma4",
+        start="<|channel>thought\n",
+        end="<channel|>",
+        close="<channel|>",
+        signature=("<|channel>", "<channel|>"),
+    ),
+)
+
+
+def _marker_style(tokenizer: Any, template: str) -> MarkerStyle | None:
+    """The family's own markers when its tokenizer and template carry their signature."""
+    for style in MARKER_STYLES:
+        if style.signature[0] in template and all(_is_single_token(tokenizer, t) for t in style.signature):
+            return style
+    return None
 
 
 def _chat_template_text(tokenizer: Any) -> str:
@@ -153,19 +192,24 @@ class ThinkingFormat:
         marker; otherwise prompted. `override_start`/`override_end` replace the default
         `<think>`/`</think>` markers; `kind` forces the kind.
         """
-        start = override_start or DEFAULT_START_MARKER
-        end = override_end or DEFAULT_END_MARKER
         if kind == "none":
             return cls.none()
         template = _chat_template_text(tokenizer)
+        style = None if (override_start or override_end) else _marker_style(tokenizer, template)
+        start = override_start or (style.start if style else DEFAULT_START_MARKER)
+        end = override_end or (style.end if style else DEFAULT_END_MARKER)
         takes_enable = "enable_thinking" in template
         rendered = _render_generation_prompt(tokenizer, **({"enable_thinking": True} if takes_enable else {}))
         opens = rendered is not None and rendered.rstrip().endswith(start)
         if kind is None:
             single_tokens = _is_single_token(tokenizer, start) and _is_single_token(tokenizer, end)
             mentions_markers = start in template and end in template
-            kind = "native" if (single_tokens or takes_enable or opens or mentions_markers) else "prompted"
-        close_ids = _encode_after(tokenizer, "a", "\n" + end + "\n\n")
+            native = single_tokens or takes_enable or opens or mentions_markers or style is not None
+            kind = "native" if native else "prompted"
+        if style is not None:
+            close_ids = _encode(tokenizer, style.close)
+        else:
+            close_ids = _encode_after(tokenizer, "a", "\n" + end + "\n\n")
         return cls(
             kind=kind,
             start_marker=start,

@@ -332,7 +332,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from selfspec.engine.llm_engine import EngineConfig, model_context_length
+    from selfspec.engine.llm_engine import EngineConfig
+    from selfspec.engine.sizing import model_context_length
     from selfspec.llm import LLM
     from selfspec.models import load_model
     from selfspec_bench.context_fit import fit_to_context

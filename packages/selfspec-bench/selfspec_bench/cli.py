@@ -199,7 +199,7 @@ def bench(
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
     num_slots = max(num_slots, 3 * concurrency)
-    from selfspec.engine.llm_engine import model_context_length
+    from selfspec.engine.sizing import model_context_length
     from selfspec.models import load_model
     from selfspec.models.tokenizer_check import tokenizer_summary
 

@@ -1,0 +1,224 @@
+"""The engine's own forward for Gated DeltaNet layers (Qwen3.5, Qwen3-Next linear attention).
+
+Why not transformers' forward: it keeps one state per batch row and assumes every row starts
+where the cache left off, so a batch of right-aligned rows of different lengths would push the
+left padding through the conv and decay every padded row's state; it can neither read slots
+nor keep per-position states for a verify chunk; and its cache calls changed between
+transformers 5.17 and 5.24 (`cache_params.layers[i].conv_states` vs `cache.get_conv_state`).
+This forward uses the module's own parameters (checkpoint names, stable across versions) and
+the runner's `SlotStateCache`, and is installed per instance behind a dispatch that is active
+only inside the runner's forwards: `generate` on the same model runs transformers' code.
+
+Numerics follow transformers' torch path: the conv over `[state | tokens]` as in
+`causal_conv1d_update`, the token-by-token recurrence of `torch_recurrent_gated_delta_rule`
+for decode and verify chunks (every intermediate state is kept for rollback), and the
+modeling module's own `torch_chunk_gated_delta_rule` for longer chunks (prefill pieces).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from selfspec.engine.state_cache import LinearLayerSpec, SlotStateCache
+
+RECURRENT_MAX_TOKENS = 1
+"""Chunks up to this many tokens without snapshots run the token-by-token recurrence (decode);
+longer ones the chunked kernel. Verify chunks always run the recurrence (they need snapshots)."""
+
+_active = threading.local()
+
+
+def active_cache() -> SlotStateCache | None:
+    return getattr(_active, "cache", None)
+
+
+class running:
+    """Context: the linear-attention layers run the engine's forward against `cache`."""
+
+    def __init__(self, cache: SlotStateCache | None) -> None:
+        self.cache = cache
+
+    def __enter__(self) -> None:
+        self._previous = active_cache()
+        _active.cache = self.cache
+
+    def __exit__(self, *exc) -> None:
+        _active.cache = self._previous
+
+
+def is_gated_deltanet(module: torch.nn.Module) -> bool:
+    """A Gated DeltaNet mixer this forward can run: transformers' Qwen3.5 (`in_proj_qkv`,
+    `in_proj_z`, `in_proj_b`, `in_proj_a`) or Qwen3-Next (`in_proj_qkvz`, `in_proj_ba`) layout."""
+    common = all(hasattr(module, n) for n in ("conv1d", "A_log", "dt_bias", "norm", "out_proj", "layer_idx"))
+    qwen35 = all(hasattr(module, n) for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
+    qwen3_next = hasattr(module, "in_proj_qkvz") and hasattr(module, "in_proj_ba")
+    return common and (qwen35 or qwen3_next)
+
+
+def layer_spec(module: torch.nn.Module) -> LinearLayerSpec:
+    return LinearLayerSpec(
+        conv_dim=int(module.conv_dim),
+        kernel=int(module.conv_kernel_size),
+        heads=int(module.num_v_heads),
+        k_dim=int(module.head_k_dim),
+        v_dim=int(module.head_v_dim),
+    )
+
+
+def install(model: torch.nn.Module) -> dict[int, LinearLayerSpec]:
+    """Give every Gated DeltaNet layer of `model` the dispatching forward; return their specs
+    by layer index. Idempotent (shallow drafts share their layers with the target).
+
+    The forward is a bound method, so a deep copy of a layer (a distilled draft, an arbitrator)
+    dispatches on the copy's own weights."""
+    specs: dict[int, LinearLayerSpec] = {}
+    for module in model.modules():
+        if not is_gated_deltanet(module):
+            continue
+        specs[int(module.layer_idx)] = layer_spec(module)
+        if getattr(module.forward, "__func__", None) is not _dispatching_forward:
+            module.forward = types.MethodType(_dispatching_forward, module)
+    return specs
+
+
+def _dispatching_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
+    """The engine's forward inside a runner's step, transformers' class forward otherwise."""
+    cache = active_cache()
+    if cache is None or cache.routing is None:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    return slot_forward(self, hidden_states, cache)
+
+
+def _projections(module, hidden_states: torch.Tensor):
+    """mixed q|k|v [B, T, C], z [B, T, H, V], b and a [B, T, H], as the module's forward has them."""
+    batch, seq_len, _ = hidden_states.shape
+    if hasattr(module, "in_proj_qkvz"):
+        query, key, value, z, b, a = module.fix_query_key_value_ordering(
+            module.in_proj_qkvz(hidden_states), module.in_proj_ba(hidden_states)
+        )
+        query, key, value = (x.reshape(x.shape[0], x.shape[1], -1) for x in (query, key, value))
+        return torch.cat((query, key, value), dim=-1), z, b, a
+    mixed = module.in_proj_qkv(hidden_states)
+    z = module.in_proj_z(hidden_states).reshape(batch, seq_len, -1, module.head_v_dim)
+    return mixed, z, module.in_proj_b(hidden_states), module.in_proj_a(hidden_states)
+
+
+def _conv_window(state: torch.Tensor, mixed: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """[zeros(pad) | state | real tokens] per row, [B, C, K + T], from state [B, C, K] and the
+    right-aligned tokens [B, C, T]: the padding moves in front of the state, so each row's real
+    tokens follow their own history. Column c of the window holds, for c < pad, zero; for
+    pad <= c < pad + K, state[c - pad]; beyond, token c - K."""
+    batch, channels, kernel = state.shape
+    tokens = mixed.shape[-1]
+    pad = (~real).sum(dim=1, keepdim=True)  # [B, 1]
+    col = torch.arange(kernel + tokens, device=mixed.device).unsqueeze(0)  # [1, K + T]
+    combined = torch.cat([state.to(mixed.dtype), mixed], dim=-1)  # state then tokens (pads first)
+    in_state = (col >= pad) & (col < pad + kernel)
+    source = torch.where(in_state, col - pad, col).clamp(max=kernel + tokens - 1)
+    window = combined.gather(2, source.unsqueeze(1).expand(batch, channels, -1))
+    return window.masked_fill((col < pad).unsqueeze(1), 0)
+
+
+def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name in ("silu", "swish"):
+        return F.silu
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def recurrent_rule(query, key, value, g, beta, initial_state, keep_states: bool):
+    """transformers' `torch_recurrent_gated_delta_rule` (same operations, so a decode step has
+    the same numerics), returning the state after every token when `keep_states`.
+
+    Shapes in: query/key [B, T, Hk, Dk], value [B, T, H, Dv], g/beta [B, T, H], state [B, H, Dk, Dv].
+    Returns (out [B, T, H, Dv], final state, [S_0, ..., S_T] or None).
+    """
+    initial_dtype = query.dtype
+    num_k_heads, num_v_heads = key.shape[2], value.shape[2]
+    if num_k_heads != num_v_heads:
+        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+    query, key, value, beta, decay = [
+        x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format) for x in (query, key, value, beta, g)
+    ]
+    query = _l2norm(query)
+    key = _l2norm(key)
+    query = query / (query.shape[-1] ** 0.5)
+    state = initial_state.to(value)
+    states = [state] if keep_states else None
+    out = torch.zeros_like(value)
+    for i in range(value.shape[2]):
+        q_t, k_t, v_t = query[:, :, i], key[:, :, i], value[:, :, i]
+        state = state * decay[:, :, i].exp()[..., None, None]
+        kv_mem = (state * k_t.unsqueeze(-1)).sum(dim=-2)
+        delta = (v_t - kv_mem) * beta[:, :, i].unsqueeze(-1)
+        state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
+        out[:, :, i] = (state * q_t.unsqueeze(-1)).sum(dim=-2)
+        if states is not None:
+            states.append(state)
+    return out.transpose(1, 2).contiguous().to(initial_dtype), state, states
+
+
+def _chunk_rule(module) -> Callable:
+    """The modeling module's chunked delta rule (transformers' torch path, or the kernel it
+    resolved at import, e.g. flash-linear-attention on a GPU)."""
+    modeling = sys.modules.get(type(module).__module__)
+    rule = getattr(modeling, "torch_chunk_gated_delta_rule", None)
+    if rule is None:
+        raise RuntimeError(f"{type(module).__module__} has no torch_chunk_gated_delta_rule")
+    return rule
+
+
+def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> torch.Tensor:
+    """The layer over a routed step: read each row's slot state, run, write the new state back
+    and keep what rollback needs (`SlotStateCache.write`)."""
+    routing = cache.routing
+    batch, seq_len, _ = hidden_states.shape
+    layer = int(module.layer_idx)
+    real = routing.real
+    mixed, z, b, a = _projections(module, hidden_states)
+    conv_state, rec_state = cache.read(layer)
+    window = _conv_window(conv_state, mixed.transpose(1, 2), real)
+    weight = module.conv1d.weight.squeeze(1)
+    conv_out = F.conv1d(window.to(weight.dtype), weight.unsqueeze(1), module.conv1d.bias, groups=weight.shape[0])
+    conv_out = _activation(module.activation)(conv_out[:, :, -seq_len:]).to(mixed.dtype)
+    query, key, value = torch.split(
+        conv_out.transpose(1, 2), [module.key_dim, module.key_dim, module.value_dim], dim=-1
+    )
+    query = query.reshape(batch, seq_len, -1, module.head_k_dim)
+    key = key.reshape(batch, seq_len, -1, module.head_k_dim)
+    value = value.reshape(batch, seq_len, -1, module.head_v_dim)
+    beta = b.sigmoid()
+    g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
+    # Padding columns leave the state as it is: decay exp(0) = 1, learning rate 0.
+    pad_cols = (~real).unsqueeze(-1)
+    beta = beta.masked_fill(pad_cols, 0)
+    g = g.masked_fill(pad_cols, 0)
+    if routing.snapshots or seq_len <= RECURRENT_MAX_TOKENS:
+        core, final, states = recurrent_rule(query, key, value, g, beta, rec_state, routing.snapshots)
+    else:
+        core, final = _chunk_rule(module)(
+            query,
+            key,
+            value,
+            g=g,
+            beta=beta,
+            initial_state=rec_state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        states = None
+    cache.write(layer, window, states, final)
+    core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    return module.out_proj(core.reshape(batch, seq_len, -1))

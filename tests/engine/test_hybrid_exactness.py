@@ -1,0 +1,258 @@
+"""Hybrid linear-attention models (Qwen3.5, Qwen3-Next) and Gemma-4 text on the engine, exact.
+
+Engine greedy must equal transformers' `generate` token for token (fp32, CPU): single prompts,
+batches of different lengths sharing padded forwards, forks, rejected speculation (the
+recurrent state must end as if only the accepted tokens had been fed), truncation inside and
+before the last chunk, and the static-shape path. Padding must never enter a row's state.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.engine.architecture import UnsupportedArchitectureError
+from selfspec.engine.llm_engine import Engine, EngineConfig
+from selfspec.engine.model_runner import Chunk, ModelRunner
+from selfspec.engine.policy import Proposal, SequencePolicy
+from selfspec.engine.sampling import SamplingParams
+from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
+
+VOCAB = 128
+FAMILIES = [*HYBRID_FAMILIES, "gemma4"]
+
+
+def _model(family: str):
+    return tiny_model(family, VOCAB, seed=1, num_layers=6 if family == "gemma4" else 4)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return _model(request.param)
+
+
+@pytest.fixture(scope="module")
+def references(model):
+    """generate's greedy continuations, cached per (prompt, n) for the module."""
+    cache: dict = {}
+
+    def reference(prompt: list[int], n: int) -> list[int]:
+        key = (tuple(prompt), n)
+        if key not in cache:
+            ids = torch.tensor([prompt])
+            with torch.inference_mode():
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),  # a 0 in the context is a token, not padding
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            cache[key] = out[0, len(prompt) :].tolist()
+        return cache[key]
+
+    return reference
+
+
+def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def run(engine: Engine, seqs) -> None:
+    guard = 0
+    while not all(s.is_finished for s in seqs):
+        engine.step()
+        guard += 1
+        assert guard < 5_000
+
+
+def make_engine(model, **kw) -> Engine:
+    cfg = EngineConfig(**{"num_slots": 6, "max_len": 128, **kw})
+    return Engine(model, None, cfg, eos_token_ids=[])
+
+
+def test_single_prompt_matches_generate(model, references):
+    (prompt,) = prompts([11])
+    engine = make_engine(model)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=24))
+    run(engine, [seq])
+    assert seq.output_ids == references(prompt, 24)
+
+
+def test_padded_batch_of_different_lengths_matches_generate(model, references):
+    """Five prompts in shared, padded forwards (prefill pieces of different lengths in one
+    forward: rows right-aligned, padding in front of the short ones)."""
+    ps = prompts([3, 17, 9, 30, 1], seed=1)
+    engine = make_engine(model, max_padding_ratio=100.0, prefill_chunk=12)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=16 + i)) for i, p in enumerate(ps)]
+    engine.step()
+    assert engine.runner.forwards == 1, "the first step should run every prompt in one padded forward"
+    run(engine, seqs)
+    for i, (p, s) in enumerate(zip(ps, seqs)):
+        assert s.output_ids == references(p, 16 + i), f"prompt {i}"
+
+
+def test_fork_then_continue_equals_no_fork(model, references):
+    (prompt,) = prompts([13], seed=3)
+    engine = make_engine(model)
+    parent = engine.add_request(prompt, SamplingParams(max_tokens=30))
+    while parent.num_output_tokens < 12:
+        engine.step()
+    child = engine.fork(parent, params=SamplingParams(max_tokens=30 - 12))
+    assert child is not None and child.slot != parent.slot
+    run(engine, [parent, child])
+    assert parent.output_ids == references(prompt, 30)
+    assert child.token_ids[len(prompt) :] == references(prompt, 30)
+
+
+class _ScriptedPolicy(SequencePolicy):
+    """Proposes the reference's next `good` tokens followed by `bad` wrong ones, every step."""
+
+    def __init__(self, reference: list[int], prompt_len: int, good: int, bad: int) -> None:
+        self.reference, self.prompt_len, self.good, self.bad = reference, prompt_len, good, bad
+        self.accepted: list[int] = []
+
+    def propose(self, engine, seq, max_tokens):
+        done = seq.num_output_tokens
+        ahead = self.reference[done : done + self.good]
+        wrong = [(t + 1) % VOCAB for t in self.reference[done + len(ahead) : done + len(ahead) + self.bad]]
+        tokens = (ahead + wrong)[:max_tokens]
+        return Proposal(tokens) if tokens else None
+
+    def on_step(self, engine, seq, outcome):
+        if outcome.proposal is not None:
+            self.accepted.append(outcome.accepted)
+
+
+@pytest.mark.parametrize("good,bad", [(0, 4), (2, 3), (5, 0)], ids=["reject-all", "accept-2-of-5", "accept-all"])
+def test_rejected_speculation_leaves_the_state_exact(model, references, good, bad):
+    """Verify k tokens, accept j < k, continue: the output is plain greedy's, so the recurrent
+    state after each verify is the one of the accepted tokens only."""
+    ps = prompts([7, 12], seed=4)
+    refs = [references(p, 26) for p in ps]
+    engine = make_engine(model)
+    policies = [_ScriptedPolicy(r, len(p), good, bad) for p, r in zip(ps, refs)]
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=26), policy=pol) for p, pol in zip(ps, policies)]
+    run(engine, seqs)
+    for s, r, pol in zip(seqs, refs, policies):
+        assert s.output_ids == r
+        assert pol.accepted and all(a == good for a in pol.accepted[:-1]), pol.accepted
+
+
+def test_truncate_inside_and_before_the_last_chunk(model, references):
+    (prompt,) = prompts([10], seed=5)
+    ref = references(prompt, 30)
+    engine = make_engine(model)
+    # Inside the last (verify) chunk: the state is put back from that forward's snapshots.
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=40), policy=_ScriptedPolicy(ref, 10, 4, 0))
+    while seq.num_output_tokens < 9:
+        engine.step()
+    cut = len(seq.token_ids) - 2
+    engine.truncate(seq, cut)
+    assert seq.num_cached == cut - 1, "a cut inside the last chunk needs no recompute"
+    engine.append_forced(seq, [9, 8])
+    context = list(seq.token_ids)
+    seq.policy = None
+    run(engine, [seq])
+    assert seq.token_ids[len(context) :] == references(context, 40 - (len(context) - len(prompt)))
+    # Before the last chunk: a recurrent state is recomputed from position 0 (K/V just shrink).
+    seq2 = engine.add_request(prompt, SamplingParams(max_tokens=40))
+    while seq2.num_output_tokens < 20:
+        engine.step()
+    engine.truncate(seq2, len(prompt) + 6)
+    assert seq2.num_cached == (0 if engine.runner.stateful else len(prompt) + 5)
+    engine.append_forced(seq2, [9, 8])
+    context = ref[:6]
+    run(engine, [seq2])
+    full = prompt + context + [9, 8]
+    assert seq2.token_ids[len(full) :] == references(full, 40 - 8)
+
+
+def test_static_shapes_with_speculation_match_generate(model, references):
+    ps = prompts([5, 14, 9], seed=6)
+    refs = [references(p, 20) for p in ps]
+    engine = make_engine(model, static_shapes=True)
+    policies = [_ScriptedPolicy(r, len(p), 2, 2) for p, r in zip(ps, refs)]
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=20), policy=pol) for p, pol in zip(ps, policies)]
+    run(engine, seqs)
+    for s, r in zip(seqs, refs):
+        assert s.output_ids == r
+    assert engine.runner.static is not None and engine.runner.static.stats()["replays"] > 0
+
+
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_padding_never_enters_a_rows_state(family):
+    """The same row alone and right-aligned behind padding (beside a longer row) ends with the
+    same conv and recurrent state, and a row's state after a verify equals the state of a
+    forward over the kept tokens only."""
+    model = _model(family)
+    runner = ModelRunner(model, num_slots=4, max_len=64)
+    prompt = prompts([6], seed=7)[0]
+    runner.run([Chunk(0, 0, prompt, 1)])
+    runner.run([Chunk(1, 0, prompt, 1), Chunk(2, 0, list(range(1, 20)), 1)])
+    for layer in runner.state.specs:
+        assert torch.equal(runner.state.conv[layer][0], runner.state.conv[layer][1])
+        torch.testing.assert_close(runner.state.recurrent[layer][0], runner.state.recurrent[layer][1])
+    # A 5-token verify chunk on slot 1 (padded behind a longer row), two tokens kept.
+    runner.run([Chunk(1, 6, [3, 4, 5, 6, 7], 5), Chunk(2, 19, list(range(20, 28)), 1)])
+    assert runner.settle(1, 8)
+    runner.run([Chunk(0, 6, [3, 4], 1)])
+    for layer in runner.state.specs:
+        torch.testing.assert_close(runner.state.conv[layer][0], runner.state.conv[layer][1])
+        torch.testing.assert_close(runner.state.recurrent[layer][0], runner.state.recurrent[layer][1])
+    assert not runner.settle(1, 5), "a position before the last chunk cannot be reached"
+
+
+def test_cuda_graphs_fall_back_to_eager_for_linear_attention():
+    """Captured graphs would not keep a verify step's state snapshots: the runner says so and
+    runs eagerly (checked without a GPU: the fallback comes before the device check)."""
+    runner = ModelRunner(_model("qwen3_5"), num_slots=2, max_len=64, capture_graphs=True)
+    assert runner.stateful and runner.static is None
+    assert "linear-attention" in runner.static_fallback
+
+
+def test_unsupported_architectures_fail_at_load_naming_what_is_missing():
+    from transformers import AutoModelForCausalLM, MambaConfig
+
+    mamba = AutoModelForCausalLM.from_config(
+        MambaConfig(vocab_size=64, hidden_size=32, state_size=4, num_hidden_layers=2, expand=2)
+    )
+    with pytest.raises(
+        UnsupportedArchitectureError, match=r"MambaForCausalLM.*layer 0 \(MambaMixer.*not a Gated DeltaNet"
+    ):
+        Engine(mamba, None, EngineConfig(num_slots=2, max_len=32), eos_token_ids=[])
+    hybrid = _model("qwen3_5")
+    hybrid.config.layer_types = ["chunked_attention", *hybrid.config.layer_types[1:]]
+    try:
+        with pytest.raises(UnsupportedArchitectureError, match=r"Qwen3_5ForCausalLM.*chunked_attention"):
+            Engine(hybrid, None, EngineConfig(num_slots=2, max_len=32), eos_token_ids=[])
+    finally:
+        hybrid.config.layer_types = ["linear_attention", *hybrid.config.layer_types[1:]]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", pytest.param("gemma4", marks=pytest.mark.slow)])
+def test_fused_pointwise_path_is_exact(family):
+    """The compiled twins (norms, MLP, rotary; q/k/v and gate/up as one GEMM) on these
+    architectures, through the static path with speculation (aot_eager: no compiler needed)."""
+    from selfspec.engine.fusion import compile_pointwise_modules
+
+    model = _model(family)
+    ps = prompts([6, 11], seed=8)
+    refs = []
+    for p in ps:
+        ids = torch.tensor([p])
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=14, min_new_tokens=14, do_sample=False
+            )
+        refs.append(out[0, len(p) :].tolist())
+    assert compile_pointwise_modules(model, backend="aot_eager")
+    engine = make_engine(model, static_shapes=True, compile_pointwise=True, compile_backend="aot_eager")
+    assert engine.runner.fused_pointwise
+    policies = [_ScriptedPolicy(r, len(p), 1, 2) for p, r in zip(ps, refs)]
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=14), policy=pol) for p, pol in zip(ps, policies)]
+    run(engine, seqs)
+    assert [s.output_ids for s in seqs] == refs
