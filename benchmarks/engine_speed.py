@@ -137,9 +137,18 @@ def time_runner_forward(engine: Engine, start: int, k: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def time_replay_only(engine: Engine, shape: tuple[int, int, int], reps: int = 200) -> float:
-    """GPU time of one captured forward, replayed back to back (no host work between)."""
+def key_bucket(engine: Engine, needed: int) -> int | None:
+    """The key bucket a step over `needed` positions replays (None: no static forwards)."""
     static = engine.runner.static
+    return None if static is None else static.buckets.key_bucket(needed, engine.max_len)
+
+
+def time_replay_only(engine: Engine, shape: tuple[int, int, int], reps: int = 200) -> float:
+    """GPU time of one captured forward, replayed back to back (no host work between); NaN for an
+    engine without static forwards (a model that runs eagerly, named in `static_fallback`)."""
+    static = engine.runner.static
+    if static is None or shape[2] is None:
+        return float("nan")
     forward = static.forwards.get(shape) or static._build(shape)
     if forward.graph is None:  # --smoke on a CPU
         t0 = time.perf_counter()
@@ -364,7 +373,13 @@ def main() -> None:
             if b not in static_batches:
                 continue
             t0 = time.perf_counter()
-            time_generate(model, prompt_ids, b, args.new_tokens, 2, static=True)  # compiles
+            try:
+                time_generate(model, prompt_ids, b, args.new_tokens, 2, static=True)  # compiles
+            except Exception as exc:  # noqa: BLE001 - e.g. a model whose cache has no static form
+                meta.setdefault("errors", {})[f"generate-static b{b}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                log(f"batch {b} generate-static failed: {meta['errors'][f'generate-static b{b}']}")
+                torch._dynamo.reset()
+                continue
             meta["setup_seconds"][f"generate-static b{b} compile+2 runs"] = round(time.perf_counter() - t0, 1)
             samples = time_generate(model, prompt_ids, b, args.new_tokens, args.repeats, static=True)
             static_rates[b] = b * args.new_tokens / statistics.median(samples)
@@ -431,7 +446,7 @@ def main() -> None:
         scaling = []
         for n in lengths:
             ms = 1e3 * time_runner_forward(long_engine, n - 1, 1, 50)
-            kb = long_engine.runner.static.buckets.key_bucket(n, ctx_max)
+            kb = key_bucket(long_engine, n)
             gpu_ms = 1e3 * time_replay_only(long_engine, (1, 1, kb))
             scaling.append({"cached_tokens": n, "key_bucket": kb, "step_ms": ms, "replay_ms": gpu_ms})
         results["decode_vs_cached_length"] = {"preallocated": ctx_max, "rows": scaling}
@@ -440,7 +455,7 @@ def main() -> None:
         # Floor and step breakdown.
         bw = measure_copy_bandwidth(graph.device)
         wb = weight_bytes(model)
-        kb = graph.runner.static.buckets.key_bucket(len(prompt_ids) + args.new_tokens, graph.max_len)
+        kb = key_bucket(graph, len(prompt_ids) + args.new_tokens)
         replay = time_replay_only(graph, (1, 1, kb))
         results["floor"] = {
             "weight_bytes": wb,
@@ -450,12 +465,13 @@ def main() -> None:
             "engine_step_ms": 1e3 * step_wall,
             "host_ms_per_step": 1e3 * (step_wall - replay),
         }
-        results["graph_stats"] = graph.runner.static.stats()
+        results["graph_stats"] = graph.runner.static.stats() if graph.runner.static is not None else None
+        results["static_fallback"] = getattr(graph.runner, "static_fallback", None)
         if graph.skinny_gemms is not None:
             results["skinny_gemms"] = graph.skinny_gemms.report()
         # The largest batch's step: GPU replay vs host, to tell which one grows with the batch.
         big = max(batches)
-        if big > 1 and graph.runner.static.buckets.batch_bucket(big) is not None:
+        if big > 1 and graph.runner.static is not None and graph.runner.static.buckets.batch_bucket(big) is not None:
             big_rate = next(r["engine-graph"] for r in results["throughput"] if r["batch"] == big)
             big_replay = time_replay_only(graph, (graph.runner.static.buckets.batch_bucket(big), 1, kb))
             results["floor"][f"batch{big}_step_ms"] = 1e3 * big / big_rate

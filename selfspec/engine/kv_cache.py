@@ -97,8 +97,8 @@ class SlotKVCache(Cache):
         self._routing: _StepRouting | None = None
         self.kv_write_error: str | None = None
         self.kv_write_pdl = False
-        self.kv_write_kernel = kv_write.available(self.keys[0].device) and self._kv_write_works()
-        if self.kv_write_kernel and kv_write.pdl_supported(self.keys[0].device):
+        self.kv_write_kernel = kv_write.available(self.device) and self._kv_write_works()
+        if self.kv_write_kernel and kv_write.pdl_supported(self.device):
             self.kv_write_pdl = self._kv_write_works(use_pdl=True)
 
     # ------------------------------------------------------------------ sizing
@@ -114,22 +114,31 @@ class SlotKVCache(Cache):
         A kernel this Triton cannot build, or one that writes wrongly, turns itself off here
         (and says why in `kv_write_error`), not inside a captured forward.
         """
-        k_buf = self.keys[0]
+        checked: set[tuple[int, ...]] = set()
+        for k_buf, v_buf in zip(self.keys, self.values):
+            if k_buf is None or tuple(k_buf.shape) in checked:
+                continue
+            checked.add(tuple(k_buf.shape))  # one check per head count and size (one build each)
+            if not self._kv_write_matches(k_buf, v_buf, use_pdl):
+                return False
+        return True
+
+    def _kv_write_matches(self, k_buf: torch.Tensor, v_buf: torch.Tensor, use_pdl: bool) -> bool:
         _, heads, _, dim = k_buf.shape
         slots = torch.full((1, 2), self.scratch_slot, dtype=torch.long, device=k_buf.device)
         positions = torch.arange(2, device=k_buf.device).view(1, 2)
         states = torch.randn((1, heads, 2, dim), device=k_buf.device).to(k_buf.dtype)
         try:
-            kv_write.write_kv(k_buf, self.values[0], states, -states, slots, positions, use_pdl=use_pdl)
+            kv_write.write_kv(k_buf, v_buf, states, -states, slots, positions, use_pdl=use_pdl)
             ok = torch.equal(k_buf[self.scratch_slot, :, :2], states[0]) and torch.equal(
-                self.values[0][self.scratch_slot, :, :2], -states[0]
+                v_buf[self.scratch_slot, :, :2], -states[0]
             )
             if not ok:
                 self.kv_write_error = "kernel output differs from advanced indexing"
         except Exception as exc:  # noqa: BLE001 - the indexing path stays
             ok, self.kv_write_error = False, f"{type(exc).__name__}: {str(exc)[:300]}"
         k_buf[self.scratch_slot].zero_()
-        self.values[0][self.scratch_slot].zero_()
+        v_buf[self.scratch_slot].zero_()
         return ok
 
     # ------------------------------------------------------------------ routing
