@@ -395,7 +395,8 @@ def main() -> None:
         engines["engine-graph"] = Engine(model, tok, EngineConfig(num_slots=max(batches), max_len=max_len, **GRAPH))
         captured = engines["engine-graph"].runner.warm_up_graphs(batches, [1, len(prompt_ids)], max_len)
         meta["setup_seconds"]["engine-graph capture+compile"] = round(time.perf_counter() - t0, 1)
-        meta["graph_stats_after_warmup"] = engines["engine-graph"].runner.static.stats()
+        static = engines["engine-graph"].runner.static
+        meta["graph_stats_after_warmup"] = static.stats() if static is not None else None
         log(f"graphs captured: {meta['graph_stats_after_warmup']} ({captured:.1f}s)")
 
     # Warm-up at every batch size: a batch's first prefill may run an eager forward of a shape

@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--variants", default="graph,graph+compile,graph+compile+slot")
+    parser.add_argument("--variants", default="graph,graph+compile,graph+compile+slot,graph+compile+slot+skinny")
     args = parser.parse_args()
     model = shaped_model(args.shape, torch.bfloat16, "cuda")
     results = {}
