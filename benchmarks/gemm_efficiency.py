@@ -21,6 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from step_profile import SHAPES  # noqa: E402
 
+from selfspec.engine.skinny_gemm import graph_seconds_per_call  # noqa: E402
+
 
 def layer_weights(name: str) -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of each GEMM a decode step runs, as the engine fuses them."""
@@ -38,26 +40,13 @@ def layer_weights(name: str) -> dict[str, tuple[int, int]]:
 
 
 def time_graph(fn, reps: int) -> float:
-    """Seconds per call of `fn`, replayed `reps` times inside one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """Seconds per call of `fn`, `reps` calls back to back inside one CUDA graph."""
+
+    def body() -> None:
         for _ in range(reps):
             fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / (5 * reps)
+
+    return graph_seconds_per_call(body, reps)
 
 
 def main() -> None:

@@ -11,24 +11,9 @@ as transposed views). Padding tokens are routed to the scratch slot like every o
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # Triton is on the GPU machine (with torch); on CPU only for interpreter tests.
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAVE_TRITON = False
-
-
-def available(device: torch.device) -> bool:
-    if not HAVE_TRITON:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
+from selfspec.engine.triton_env import HAVE_TRITON, available, pdl_supported, tl, triton  # noqa: F401
 
 if HAVE_TRITON:
 
@@ -116,10 +101,3 @@ def write_kv(
         USE_PDL=use_pdl,
         **({"launch_pdl": True} if use_pdl else {}),
     )
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: Hopper or newer, and a Triton that has it."""
-    if device.type != "cuda" or not HAVE_TRITON or not hasattr(tl.extra.cuda, "gdc_wait"):
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9

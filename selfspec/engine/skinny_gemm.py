@@ -23,19 +23,12 @@ for tests.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
 import torch
 
-try:  # Triton is on the GPU machine (with torch); on CPU only for interpreter tests.
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAVE_TRITON = False
+from selfspec.engine.triton_env import HAVE_TRITON, available, pdl_supported, tl, triton  # noqa: F401
 
 MAX_ROWS = 64  # more rows than this: cuBLAS (the step is no longer a weight stream)
 L2_DEFEAT_BYTES = 120 * 2**20  # selection timings cycle through weight copies at least this large
@@ -75,12 +68,6 @@ CONFIGS = (
     SkinnyConfig(64, 256, 8, 3),
     SkinnyConfig(128, 128, 8, 3),
 )
-
-
-def available(device: torch.device) -> bool:
-    if not HAVE_TRITON:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if HAVE_TRITON:
@@ -178,13 +165,6 @@ def skinny_linear(
     return out.view(*lead, n)
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: Hopper or newer, and a Triton that has it."""
-    if device.type != "cuda" or not HAVE_TRITON or not hasattr(tl.extra.cuda, "gdc_wait"):
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
 class SkinnyGemmTable:
     """Per weight shape, the measured choice between cuBLAS (None) and a kernel config."""
 
@@ -238,7 +218,7 @@ class SkinnyGemmTable:
 
             return body
 
-        times = {"cublas": _time_graph(run(lambda w: torch.nn.functional.linear(x, w, bias)), reps)}
+        times = {"cublas": graph_seconds_per_call(run(lambda w: torch.nn.functional.linear(x, w, bias)), reps)}
         candidates = list(CONFIGS)
         if pdl_supported(weight.device):
             candidates += [c.with_pdl() for c in CONFIGS]
@@ -248,7 +228,9 @@ class SkinnyGemmTable:
                 if (got - ref).abs().max().item() > tolerance:
                     self.errors[f"{name} {config.label}"] = "output differs from cuBLAS beyond bf16 rounding"
                     continue
-                times[config.label] = _time_graph(run(lambda w, c=config: skinny_linear(x, w, bias, c)), reps)
+                times[config.label] = graph_seconds_per_call(
+                    run(lambda w, c=config: skinny_linear(x, w, bias, c)), reps
+                )
             except Exception as exc:  # noqa: BLE001 - e.g. a Triton without launch_pdl: that config is out
                 self.errors[f"{name} {config.label}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 torch.cuda.synchronize()
@@ -265,7 +247,7 @@ class SkinnyGemmTable:
         }
 
 
-def _time_graph(body, reps: int) -> float:
+def graph_seconds_per_call(body, reps: int) -> float:
     """Seconds per call of `body()` (which makes `reps` calls) captured in one CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

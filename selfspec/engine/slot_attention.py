@@ -15,30 +15,13 @@ Triton (or on CPU without the interpreter) the engine keeps transformers' attent
 from __future__ import annotations
 
 import math
-import os
+import threading
 
 import torch
 
-try:  # Triton is on the GPU machine (with torch); on CPU only for interpreter tests.
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAVE_TRITON = False
-
-import threading
+from selfspec.engine.triton_env import HAVE_TRITON, available, tl, triton  # noqa: F401
 
 KEYS_PER_SPLIT = 512  # one program covers at most this many keys (then a reduce kernel merges)
-
-
-def available(device: torch.device) -> bool:
-    """Whether the kernel can run on tensors of this device."""
-    if not HAVE_TRITON:
-        return False
-    if device.type == "cuda":
-        return True
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if HAVE_TRITON:
