@@ -1,17 +1,21 @@
 """Tokenizers with the Qwen3.5 and Gemma-4 chat formats, for tests of the thinking formats.
 
-No hub access and no local copy of either family's `chat_template.jinja`, so the templates
-here are written from the published formats, reduced to what thinking detection and prompt
-building read (turn markers, special tokens, the thinking switch, the generation prompt):
+No hub access, so the templates here are written from the published formats and checked
+against the renderings of the published templates, reduced to what thinking detection and
+prompt building read (turn markers, special tokens, the thinking switch, the generation
+prompt, how history renders):
 
-- Qwen3.5: ChatML (`<|im_start|>`/`<|im_end|>`); `<think>`/`</think>` single tokens; the
-  generation prompt opens thinking with `<think>\\n`, and `enable_thinking=False` gives an
-  empty, closed block `<think>\\n\\n</think>\\n\\n` instead.
+- Qwen3.5: ChatML (`<|im_start|>`/`<|im_end|>`); `<think>`/`</think>` single tokens. The
+  generation prompt opens thinking with `<think>\\n`, or holds an empty, closed block
+  `<think>\\n\\n</think>\\n\\n` when thinking is off. Which one a template gives when the
+  caller says nothing differs between checkpoints (the small ones think only when asked), so
+  both variants are built here and selfspec always passes `enable_thinking` explicitly.
 - Gemma-4: `<bos>`, turns `<|turn>{role}\\n ... <turn|>\\n` (the assistant's role is `model`);
-  `enable_thinking` puts `<|think|>` at the top of a system turn; the model reasons in
-  `<|channel>thought\\n ... <channel|>`; with thinking off the generation prompt of the larger
-  models holds an empty, closed channel `<|channel>thought\\n<channel|>` (the E-series template
-  is reported to leave it out; both variants are built here).
+  `enable_thinking` puts `<|think|>` (no newline after it) at the top of a system turn; the
+  model reasons in `<|channel>thought\\n ... <channel|>`, and earlier turns' reasoning is not
+  rendered back; with thinking off the generation prompt holds an empty, closed channel
+  `<|channel>thought\\n<channel|>` (the E-series template is reported to leave it out; both
+  variants are built here).
 
 The vocabulary is the tiny byte-level BPE of `selfspec.testing.tiny` with the families'
 special tokens added, so every marker is one token as in the real vocabularies.
@@ -43,6 +47,18 @@ QWEN3_5_TEMPLATE = (
     "{%- endif -%}"
     "{%- endif -%}"
 )
+# The small Qwen3.5 checkpoints' generation prompt: thinking only when asked for
+# (`enable_thinking` true), an empty closed block otherwise, the default included.
+QWEN3_5_DEFAULT_OFF_TEMPLATE = QWEN3_5_TEMPLATE.replace(
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}"
+    "{{- '<think>\\n' -}}",
+    "{%- if enable_thinking is defined and enable_thinking is true -%}"
+    "{{- '<think>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}",
+)
 
 
 def _gemma4_template(empty_channel_when_off: bool) -> str:
@@ -52,7 +68,7 @@ def _gemma4_template(empty_channel_when_off: bool) -> str:
         "{%- set thinking = enable_thinking is defined and enable_thinking -%}"
         "{%- if thinking or messages[0]['role'] in ['system', 'developer'] -%}"
         "{{- '<|turn>system\\n' -}}"
-        "{%- if thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
+        "{%- if thinking -%}{{- '<|think|>' -}}{%- endif -%}"
         "{%- if messages[0]['role'] in ['system', 'developer'] -%}{{- messages[0]['content'] | trim -}}{%- endif -%}"
         "{{- '<turn|>\\n' -}}"
         "{%- endif -%}"
@@ -60,10 +76,6 @@ def _gemma4_template(empty_channel_when_off: bool) -> str:
         "{%- if message['role'] not in ['system', 'developer'] -%}"
         "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
         "{{- '<|turn>' + role + '\\n' -}}"
-        "{%- if message['role'] == 'assistant' and message['reasoning_content'] is defined"
-        " and message['reasoning_content'] -%}"
-        "{{- '<|channel>thought\\n' + message['reasoning_content'] | trim + '<channel|>' -}}"
-        "{%- endif -%}"
         "{{- message['content'] | trim + '<turn|>\\n' -}}"
         "{%- endif -%}"
         "{%- endfor -%}"
@@ -72,11 +84,17 @@ def _gemma4_template(empty_channel_when_off: bool) -> str:
     )
 
 
-def family_tokenizer(family: Literal["qwen3_5", "gemma4", "gemma4-e"]) -> PreTrainedTokenizerFast:
-    """A tokenizer speaking `family`'s chat format ("gemma4-e": the E-series generation prompt)."""
+def family_tokenizer(
+    family: Literal["qwen3_5", "qwen3_5-default-off", "gemma4", "gemma4-e"],
+) -> PreTrainedTokenizerFast:
+    """A tokenizer speaking `family`'s chat format.
+
+    "qwen3_5-default-off": the small checkpoints' template, which thinks only when asked;
+    "gemma4-e": the E-series generation prompt.
+    """
     tokenizer = tiny_tokenizer()
-    if family == "qwen3_5":
-        tokenizer.chat_template = QWEN3_5_TEMPLATE
+    if family in ("qwen3_5", "qwen3_5-default-off"):
+        tokenizer.chat_template = QWEN3_5_TEMPLATE if family == "qwen3_5" else QWEN3_5_DEFAULT_OFF_TEMPLATE
         tokenizer.add_special_tokens({"additional_special_tokens": ["<|endoftext|>"]})
         return tokenizer
     if family not in ("gemma4", "gemma4-e"):

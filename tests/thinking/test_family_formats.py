@@ -16,8 +16,9 @@ def _ids(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def test_qwen3_5_opens_thinking_in_its_generation_prompt():
-    tok = family_tokenizer("qwen3_5")
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5-default-off"])
+def test_qwen3_5_opens_thinking_in_its_generation_prompt(family):
+    tok = family_tokenizer(family)
     fmt = ThinkingFormat.detect(tok)
     assert fmt.kind == "native" and fmt.template_opens_thinking and fmt.template_takes_enable_thinking
     assert (fmt.start_marker, fmt.end_marker) == ("<think>", "</think>")
@@ -43,7 +44,7 @@ def test_gemma4_thinks_in_its_thought_channel(family):
     assert fmt.end_ids == tuple(_ids(tok, "<channel|>")) and len(fmt.end_ids) == 1
     assert fmt.close_ids == fmt.end_ids
     on, _ = build_prompt_text(tok, "Hi", fmt, enable_thinking=True)
-    assert on == "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+    assert on == "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
     off, _ = build_prompt_text(tok, "Hi", fmt, enable_thinking=False)
     tail = "<|turn>model\n<|channel>thought\n<channel|>" if family == "gemma4" else "<|turn>model\n"
     assert off.endswith(tail) and "<|think|>" not in off
@@ -67,8 +68,9 @@ def test_gemma4_system_prompt_and_history_render_with_the_switch():
     ]
     text, raw = build_prompt_text(tok, messages, fmt, enable_thinking=True)
     assert not raw
-    assert text.startswith("<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n")
-    assert "<|turn>model\n<|channel>thought\ntwo and two<channel|>4<turn|>\n" in text
+    assert text.startswith("<bos><|turn>system\n<|think|>Be brief.<turn|>\n")
+    # Earlier turns' reasoning is not rendered back into the prompt.
+    assert "<|turn>model\n4<turn|>\n" in text and "two and two" not in text
     assert text.endswith("<|turn>user\n3+3?<turn|>\n<|turn>model\n")
 
 
