@@ -76,7 +76,12 @@ def _gemma4_template(empty_channel_when_off: bool) -> str:
         "{%- if message['role'] not in ['system', 'developer'] -%}"
         "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
         "{{- '<|turn>' + role + '\\n' -}}"
-        "{{- message['content'] | trim + '<turn|>\\n' -}}"
+        "{%- set content = message['content'] -%}"
+        # A model turn's own thought channel is stripped, as the published template does.
+        "{%- if role == 'model' and '<|channel>' in content -%}"
+        "{%- set content = content.split('<|channel>')[0] + content.split('<channel|>')[-1] -%}"
+        "{%- endif -%}"
+        "{{- content | trim + '<turn|>\\n' -}}"
         "{%- endif -%}"
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}"

@@ -54,9 +54,9 @@ class MarkerStyle:
 
 MARKER_STYLES: tuple[MarkerStyle, ...] = (
     # Gemma-4: the model opens `<|channel>thought\n`, reasons, closes with `<channel|>` and answers
-    # right after it (the chat template re-renders earlier reasoning as
-    # `<|channel>thought\n...<channel|>`; with thinking off the larger models' generation prompt
-    # holds an empty, closed channel).
+    # right after it (the chat template strips that channel from earlier model turns, so the
+    # markers appear in its text; with thinking off the generation prompt holds an empty,
+    # closed channel).
     MarkerStyle(
         name="gemma4",
         start="<|channel>thought\n",

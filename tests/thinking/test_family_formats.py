@@ -63,14 +63,14 @@ def test_gemma4_system_prompt_and_history_render_with_the_switch():
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "2+2?"},
-        {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+        {"role": "assistant", "content": "<|channel>thought\nsum<channel|>4", "reasoning_content": "two and two"},
         {"role": "user", "content": "3+3?"},
     ]
     text, raw = build_prompt_text(tok, messages, fmt, enable_thinking=True)
     assert not raw
     assert text.startswith("<bos><|turn>system\n<|think|>Be brief.<turn|>\n")
     # Earlier turns' reasoning is not rendered back into the prompt.
-    assert "<|turn>model\n4<turn|>\n" in text and "two and two" not in text
+    assert "<|turn>model\n4<turn|>\n" in text and "two and two" not in text and "sum" not in text
     assert text.endswith("<|turn>user\n3+3?<turn|>\n<|turn>model\n")
 
 
