@@ -168,7 +168,7 @@ def time_replay_only(engine: Engine, shape: tuple[int, int, int], reps: int = 20
 
 def ssr_overhead(model, tok, args, device) -> dict:
     """Latency of SSR with every draft token rejected (and with drafts not used) vs the baseline."""
-    import selfspec.engine.llm_engine as llm_engine
+    import selfspec.engine.verify as verify_module
     from selfspec.engine.verify import VerifyResult, verify_greedy
     from selfspec.llm import LLM
     from selfspec.spec.ssr import SSRConfig
@@ -218,7 +218,8 @@ def ssr_overhead(model, tok, args, device) -> dict:
     metrics: dict[str, list[dict]] = {m: [] for m in modes}
     for prompt in prompts:
         for mode, spec in modes.items():  # interleaved per prompt
-            llm_engine.verify_greedy = reject_all if mode.startswith("ssr-noaccept") else verify_greedy
+            # `verify_proposal` (the engine's only verification call) looks this name up per call.
+            verify_module.verify_greedy = reject_all if mode.startswith("ssr-noaccept") else verify_greedy
             try:
                 sync()
                 t0 = time.perf_counter()
@@ -227,7 +228,7 @@ def ssr_overhead(model, tok, args, device) -> dict:
                 )
                 sync()
             finally:
-                llm_engine.verify_greedy = verify_greedy
+                verify_module.verify_greedy = verify_greedy
             times[mode].append(time.perf_counter() - t0)
             tokens[mode].append(res.token_ids)
             metrics[mode].append({k: v for k, v in res.metrics.items() if isinstance(v, (int, float, str))})
@@ -256,6 +257,21 @@ def ssr_overhead(model, tok, args, device) -> dict:
             "metrics": metrics[mode],
         }
     return out
+
+
+def random_weights_tokenizer(shape: str):
+    """A tokenizer with the chat format of `shape`'s family, over the tiny test vocabulary."""
+    from step_profile import SHAPES
+
+    from selfspec.testing.chat_templates import family_tokenizer
+    from selfspec.testing.tiny import tiny_tokenizer
+
+    family = SHAPES[shape]["family"]
+    if family == "qwen3_5":
+        return family_tokenizer("qwen3_5")
+    if family == "gemma4":
+        return family_tokenizer("gemma4-e")
+    return tiny_tokenizer()  # Qwen3's format
 
 
 # ---------------------------------------------------------------------------------- main
@@ -330,10 +346,15 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         from step_profile import shaped_model
 
-        model, tok = shaped_model(args.model, getattr(torch, args.dtype), args.device), None
+        model = shaped_model(args.model, getattr(torch, args.dtype), args.device)
         g = torch.Generator().manual_seed(0)
         prompt_ids = torch.randint(10, 1000, (42,), generator=g).tolist()
-        args.skip_ssr = True
+        # Token outputs are meaningless, so throughput runs need no tokenizer. The SSR-overhead
+        # runs (asked for with --ssr-only) take the family's chat format on the tiny vocabulary:
+        # its ids lie inside the model's, the forced lengths end thinking, and drafts of random
+        # weights are rejected — the overhead with nothing accepted, as on a real model.
+        tok = random_weights_tokenizer(args.model) if args.ssr_only else None
+        args.skip_ssr = not args.ssr_only
     else:
         loaded = load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
         model, tok = loaded.model, loaded.tokenizer
