@@ -91,3 +91,69 @@ def test_ssr_modes_match_plain_vllm(engines):
             plain_forwards = sum(e.metrics["answer_forwards"] for e in expected)
             assert sum(g.metrics["answer_forwards"] for g in got) < plain_forwards, name
     assert ssr.live_requests() == {"driver": 0, "vllm": 0, "runner": 0, "proposer": 0}
+
+
+def test_model_closes_thinking_itself(engines):
+    """No CoT cap: thinking ends at the model's own end marker (or the request ends thinking)."""
+    which, base, ssr = engines
+    params = SamplingParams(max_tokens=60)
+    expected = base.generate(PROMPTS, params, thinking=True)
+    got = ssr.generate(PROMPTS, params, spec=SSRConfig(draft_interval=4, max_draft_len=16))
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert g.token_ids == e.token_ids, f"{which} prompt {i}"
+        assert g.metrics["thinking_closed_by"] == e.metrics["thinking_closed_by"]
+
+
+def test_plain_driver_is_plain_vllm(engines):
+    """The baseline driver adds nothing: without thinking it is one vLLM request per prompt."""
+    from vllm import SamplingParams as VParams
+    from vllm.sampling_params import RequestOutputKind
+
+    which, base, _ = engines
+    got = base.generate(PROMPTS[:4], SamplingParams(max_tokens=30), thinking=False)
+    engine = base.engine
+    for i, prompt in enumerate(PROMPTS[:4]):
+        ids = base.encode_prompt(prompt, thinking=False)
+        engine.add_request(
+            f"raw{i}",
+            {"prompt_token_ids": ids},
+            VParams(max_tokens=30, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY),
+        )
+    raw = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                raw[out.request_id] = list(out.outputs[0].token_ids)
+    assert [raw[f"raw{i}"] for i in range(4)] == [g.token_ids for g in got]
+
+
+def test_children_aborted_at_end_of_thinking_leave_nothing(engines):
+    """Drafts still running when the parent ends thinking are aborted, in vLLM and the worker."""
+    _, _, ssr = engines
+    # A draft longer than the rest of the CoT: it is still running at the cap.
+    spec = SSRConfig(draft_budgets=[4], max_draft_len=200)
+    req = ssr.submit(
+        PROMPTS[0], SamplingParams(max_tokens=200), spec=spec, limits=ThinkingLimits(cot_cap=12, answer_cap=8)
+    )
+    saw_running = False
+    while not req.finished:
+        saw_running = saw_running or bool(req.running)
+        ssr.step()
+        if req.answering and not req.finished:
+            assert not req.running, "a draft outlived its parent's thinking"
+    assert saw_running
+    assert all(d.cancelled for d in req.schedule.drafts)
+    assert ssr.live_requests() == {"driver": 0, "vllm": 0, "runner": 0, "proposer": 0}
+
+
+def test_parent_cancelled_mid_draft_frees_both(engines):
+    _, _, ssr = engines
+    spec = SSRConfig(draft_budgets=[3], max_draft_len=200)
+    req = ssr.submit(PROMPTS[1], SamplingParams(max_tokens=400), spec=spec, limits=ThinkingLimits(cot_cap=300))
+    while not req.running:
+        ssr.step()
+    ssr.step()
+    assert req.running and not req.finished
+    ssr.cancel(req)
+    assert req.finished and req.finish_reason == "cancelled"
+    assert ssr.live_requests() == {"driver": 0, "vllm": 0, "runner": 0, "proposer": 0}

@@ -445,6 +445,10 @@ class VLLMEngine:
 
 
 def _held_in_worker(worker: Any) -> tuple[int, int]:
+    """The runner's requests and the proposer's states, after the sweep the proposer's next
+    `propose` would run (it drops the states of requests the runner no longer has)."""
     runner = worker.model_runner
     drafter = getattr(runner, "drafter", None)
+    if hasattr(drafter, "sweep"):
+        drafter.sweep(runner.requests)
     return len(runner.requests), len(getattr(drafter, "states", {}))

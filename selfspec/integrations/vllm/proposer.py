@@ -125,7 +125,7 @@ class SSRProposer:
             context = token_ids_cpu[row, : int(num_tokens_no_spec[row])].tolist()
             out[row] = state.step(context, [int(t) for t in sampled], self.k)
         if len(self.states) > len(req_ids):
-            self._sweep(requests)
+            self.sweep(requests)
         return out
 
     @staticmethod
@@ -136,7 +136,7 @@ class SSRProposer:
             return None
         return _RequestState(read_plan(extra))
 
-    def _sweep(self, requests: dict) -> None:
+    def sweep(self, requests: dict) -> None:
         """Requests the runner dropped (finished, aborted) keep only their metrics."""
         for req_id in [r for r in self.states if r not in requests]:
             state = self.states.pop(req_id)
