@@ -37,7 +37,14 @@ def run_vllm_bench(
         raise ValueError(f"modes {unknown} do not run on the vLLM backend; choose from {', '.join(VLLM_MODES)}")
     from selfspec.integrations.vllm.engine import VLLMEngine
 
-    args = dict(dtype="float32", enforce_eager=True, max_num_seqs=8, **(engine_args or {}))
+    args = {
+        "dtype": "float32",
+        "enforce_eager": True,
+        "max_num_seqs": 8,
+        "max_model_len": 2048,
+        "kv_cache_memory_bytes": 1 << 29,
+        **(engine_args or {}),
+    }
     base = VLLMEngine(model, speculation=False, **args)
     ssr = VLLMEngine(model, speculation=True, num_speculative_tokens=num_speculative_tokens, **args)
     meta = {**meta, "backend": "vllm", "vllm": ssr.vllm_version, "num_speculative_tokens": num_speculative_tokens}
