@@ -15,7 +15,9 @@ from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 if __name__ == "__main__":
     path = Path(sys.argv[1])
     tok = tiny_tokenizer()
-    model = tiny_model("llama", len(tok), seed=5, hidden=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = tiny_model(
+        "llama", len(tok), seed=5, hidden=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()

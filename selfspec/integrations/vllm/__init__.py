@@ -11,4 +11,13 @@ Importing this package does not import vLLM; `VLLMEngine` checks the version whe
 
 from selfspec.integrations.vllm.compat import SUPPORTED_VERSIONS, VLLMUnsupportedError, check_vllm
 
-__all__ = ["SUPPORTED_VERSIONS", "VLLMUnsupportedError", "check_vllm"]
+__all__ = ["SUPPORTED_VERSIONS", "VLLMEngine", "VLLMUnsupportedError", "check_vllm"]
+
+
+def __getattr__(name: str):
+    # The driver imports the inference stack; loaded on first use, not with the package.
+    if name == "VLLMEngine":
+        from selfspec.integrations.vllm.engine import VLLMEngine
+
+        return VLLMEngine
+    raise AttributeError(name)
