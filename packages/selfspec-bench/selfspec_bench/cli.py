@@ -74,6 +74,11 @@ def bench(
         min=0,
         help="SSR modes: after a failed suffix proposal skip 1, 2, 4, ... up to N answer steps (0: never skip).",
     ),
+    backend: str = typer.Option(
+        "selfspec",
+        "--backend",
+        help="selfspec (this package's engine) | vllm (the pinned vLLM, `make install-vllm`; --model is a local HF directory; modes baseline,prefix,suffix,prefix+suffix,iterative).",
+    ),
     device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
     tokenizer: Optional[str] = typer.Option(
@@ -195,6 +200,12 @@ def bench(
                 f"[red]error:[/] --offset {offset}{f' --limit {limit}' if limit else ''} selects no sample of {benchmark}"
             )
             raise typer.Exit(2)
+    if backend == "vllm":
+        _run_on_vllm(ctx, model, samples, mode_list, settings, budgets, Path(out), dtype)
+        return
+    if backend != "selfspec":
+        console.print(f"[red]error:[/] --backend {backend!r}: choose selfspec or vllm")
+        raise typer.Exit(2)
     if "sps" in mode_list and draft is None:
         console.print("[red]error:[/] the sps mode needs --draft (e.g. --draft layers:8)")
         raise typer.Exit(2)
@@ -286,6 +297,30 @@ def bench(
         )  # after run_bench: --fresh clears the file
         if check_exact:
             _print_exactness(mismatches(records), budget if len(budgets) > 1 else None)
+
+
+def _run_on_vllm(ctx, model, samples, modes, settings, budgets, out: Path, dtype: str) -> None:
+    """`--backend vllm`: one run per budget on two engines of the same vLLM (see vllm_backend)."""
+    import json
+
+    from selfspec.integrations.vllm.compat import VLLMUnsupportedError
+    from selfspec.run_info import library_versions
+    from selfspec_bench.vllm_backend import run_vllm_bench, summarize
+
+    meta = {"device": "cpu", "dtype": dtype, "date": time.strftime("%Y-%m-%d"), "versions": library_versions()}
+    for budget in budgets:
+        run_settings = dataclasses.replace(settings, draft_budget=budget)
+        run_meta = {**meta, "command": _command_line({**ctx.params, "draft_budget": str(budget)})}
+        try:
+            records = run_vllm_bench(
+                model, samples, modes, run_settings, out, meta=run_meta, engine_args={"dtype": dtype}
+            )
+        except (ValueError, VLLMUnsupportedError) as err:
+            console.print(f"[red]error:[/] {err}")
+            raise typer.Exit(2) from None
+        summary = {"draft_budget": budget, "modes": summarize(records), **run_meta}
+        out.with_suffix(f".b{budget}.summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        console.print_json(json.dumps(summary["modes"]))
 
 
 def _checked_settings(budgets: list[int], modes: list[str], **knobs: Any) -> BenchSettings:

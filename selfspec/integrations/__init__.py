@@ -1,0 +1,1 @@
+"""Bridges to serving engines other than this package's own (installed as extras)."""
