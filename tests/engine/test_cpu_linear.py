@@ -64,3 +64,18 @@ def test_engine_uses_it_on_cpu_and_env_turns_it_off(monkeypatch):
             engine.step()
         outputs.append([s.output_ids for s in seqs])
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_lone_row_matches_on_one_thread_and_several(threads):
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(32, 48)
+    x = torch.randn(1, 1, 32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = weight_major_linear(x, lin.weight, lin.bias)
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == (1, 1, 48)
+    torch.testing.assert_close(got, lin(x), rtol=1e-5, atol=1e-5)
