@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from selfspec.engine import cpu_head, linear_attention
+from selfspec.engine import cpu_linear, linear_attention
 from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.architecture import check_architecture
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
-from selfspec.engine.cpu_head import weight_major_head
 from selfspec.engine.fusion import fused
 from selfspec.engine.kv_cache import SlotKVCache, layer_kv_shapes, model_kv_shape
 from selfspec.engine.state_cache import SlotStateCache
@@ -113,7 +111,10 @@ class ModelRunner:
         # transformers 5.24 renamed `past_key_values` to `cache`; 5.17 silently swallows `cache=`.
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.fused_pointwise = fused_pointwise  # use the compiled twins (engine.fusion) in forwards
-        self.cpu_head = cpu_head.applies_to(model) and os.environ.get("SELFSPEC_CPU_HEAD", "1") != "0"
+        # CPU: linear layers as `W @ x.T` inside the runner's forwards (see engine.cpu_linear).
+        self.cpu_linears = (
+            cpu_linear.plain_linears(model) if cpu_linear.applies_to(model) and cpu_linear.enabled() else []
+        )
         self.forwards = 0
         self.eager_forwards = 0
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
@@ -157,8 +158,8 @@ class ModelRunner:
         with contextlib.ExitStack() as scope:
             if self.fused_pointwise:
                 scope.enter_context(fused())
-            if self.cpu_head:
-                scope.enter_context(weight_major_head(self.model))
+            if self.cpu_linears:
+                scope.enter_context(cpu_linear.weight_major_linears(self.cpu_linears))
             self._run_groups(chunks, out, want_logits)
         return out
 

@@ -80,8 +80,8 @@ def check_engine() -> None:
     from selfspec.engine.static_forward import GraphBuckets
     from selfspec.testing.tiny import tiny_model
 
-    # The CPU head path swaps the LM head's forward for its own; this check routes the head itself.
-    os.environ["SELFSPEC_CPU_HEAD"] = "0"
+    # The CPU linear path swaps the linears' forwards for its own; this check routes them itself.
+    os.environ["SELFSPEC_CPU_LINEAR"] = "0"
     g = torch.Generator().manual_seed(3)
     for family in ("llama", "gemma3"):
         kwargs = {"sliding_window": 8} if family == "gemma3" else {}
