@@ -1,11 +1,14 @@
 """`selfspec demo`: SSR against the plain baseline on one prompt, side by side.
 
-Shows what a user cares about: the answer (identical in both runs), both latencies, and how
-much of the answer came from the draft (accepted prefix, suffix-accepted tokens).
+Shows what a user cares about: the answer (identical in both runs), both latencies, the time
+to the first answer token, how much of the answer came from the draft (accepted prefix,
+suffix-accepted tokens, answer tokens per forward), what the draft gate decided from this
+machine's measured step costs, and what the same comparison gave on an H200.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -28,6 +31,19 @@ DEMO_PROMPT_FILE = Path(__file__).with_name("demo_prompt.txt")
 """A held-out class-synthesis task of the thinker's generator (held-out seed 1000, item 3; the
 class-synthesis knobs are the same in every thinker data version). Shipped as text so the
 demo needs no research code; a test of the research part checks it against the generator."""
+
+
+DEMO_REFERENCE_FILE = Path(__file__).with_name("demo_reference.json")
+"""The committed H200 figures of the demo's model on its task family, summarised from the
+benchmark records by benchmarks/thinker/demo_reference.py (a test keeps the two equal)."""
+
+
+def demo_reference() -> dict | None:
+    """The H200 summary shipped with the package, None if it is missing (a trimmed install)."""
+    try:
+        return json.loads(DEMO_REFERENCE_FILE.read_text())
+    except FileNotFoundError:
+        return None
 
 
 def default_demo_prompt() -> str:
@@ -55,7 +71,9 @@ def run_demo(
     console.print(f"thinking format: {fmt.kind} ({fmt.start_marker} ... {fmt.end_marker})")
     params = SamplingParams(max_tokens=cot_cap + answer_cap + 32)
     limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap)  # natural lengths: EOS and </think> honoured
-    spec = SSRConfig(draft_budgets=[draft_budget], max_draft_len=answer_cap)
+    # The cost gate: on a machine where the draft's extra row costs more than the draft can save,
+    # SSR drafts nothing (or cancels the draft once measured) instead of making the request slower.
+    spec = SSRConfig(draft_budgets=[draft_budget], max_draft_len=answer_cap, gate="cost")
     # Warm-up so first-call costs do not land on either side.
     llm.generate(prompt, SamplingParams(max_tokens=8), thinking=True)
     with console.status("baseline (plain greedy)..."):
@@ -90,9 +108,41 @@ def run_demo(
     table.add_row("answer tokens per forward", "1.00", f"{m.get('mean_acceptance_length', 0):.2f}")
     console.print(table)
     ratio = ssr.timings.total / base.timings.total
+    console.print(f"draft gate: {_gate_line(m.get('draft_gate'))}")
+    first = _first_answer_line(base.timings.first_answer_token, ssr.timings.first_answer_token)
     console.print(
         f"identical output: [bold]{'yes' if same else 'NO'}[/]   latency ratio SSR/baseline: [bold]{ratio:.3f}[/]"
-        "\nmeasured on this machine; GPU figures with the commands that reproduce them: docs/results.md"
+        f" (SSR {abs(1 - ratio):.1%} {'faster' if ratio <= 1 else 'slower'}){first}   (this machine, {device} {dtype})"
+    )
+    reference = demo_reference()
+    if reference is not None:
+        console.print(_reference_line(reference))
+
+
+def _gate_line(verdicts: list[dict] | None) -> str:
+    """The gate's last word, with the measured figures it used."""
+    if not verdicts:
+        return "no budget reached (thinking ended first)"
+    last = verdicts[-1]
+    said = {"fork": "drafted", "probe": "drafted (costs not yet measured)", "keep": "kept the draft"}
+    said |= {"skip": "did not draft", "cancel": "cancelled the draft"}
+    return f"{said.get(last['action'], last['action'])} at CoT token {last['cot_tokens']}: {last['reason']}"
+
+
+def _first_answer_line(base: float | None, ssr: float | None) -> str:
+    if base is None or ssr is None or base <= 0:
+        return ""
+    return f"   first answer token {ssr / base - 1:+.1%} vs baseline"
+
+
+def _reference_line(ref: dict) -> str:
+    """One line on the committed GPU comparison, with the command that reproduces it."""
+    return (
+        f"on an {ref['device']} ({ref['dtype']}, {ref['date']}), the same model on {ref['items']} held-out "
+        f"{ref['benchmark']} items: SSR {ref['speedup']:.3f}x faster ({ref['baseline_latency_s']:.2f} s -> "
+        f"{ref['ssr_latency_s']:.2f} s), first answer token {ref['first_answer_token_ratio'] - 1:+.1%}, "
+        f"output identical: {'yes' if ref['exact_match'] else 'NO'}\n  reproduce: {ref['command']}"
+        "\n  all GPU figures and their commands: docs/results.md"
     )
 
 

@@ -28,6 +28,7 @@ from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
 from selfspec.engine.sizing import eos_ids, model_context_length, slots_from_free_memory
 from selfspec.engine.skinny_gemm import SkinnyGemmTable
+from selfspec.engine.step_costs import StepCosts
 from selfspec.engine.verify import VerifyResult, verify_proposal
 
 
@@ -112,6 +113,7 @@ class Engine:
             self.config.num_slots, self.config.prefill_chunk, self.config.max_prefill_tokens_per_step
         )
         self.steps = 0
+        self.step_costs = StepCosts()  # measured forward costs, read by cost-aware policies
         self._by_request: dict[str, list[Sequence]] = {}
 
     # ------------------------------------------------------------------ requests
@@ -317,7 +319,10 @@ class Engine:
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal, mask))
+        started = time.perf_counter()
         forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _, _ in work])
+        # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
+        self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.steps += 1
         events: list[tuple[StepEvent, StepOutcome]] = []
         for i, ((seq, fed, proposal, mask), chunk) in enumerate(zip(work, chunks)):

@@ -107,6 +107,11 @@ class _EngineDrafts:
     def draft_running(self, draft: Draft) -> bool:
         return not draft.seq.is_finished
 
+    def step_costs(self):
+        """The engine's measured step costs, and its running rows less this request's drafts."""
+        drafts = sum(1 for d in self.owner.drafts if not d.seq.is_finished)
+        return self.engine.step_costs, self.engine.num_running - drafts
+
 
 class SSRPolicy(ThinkingPolicy):
     """The parent's policy: the thinking rules, plus `ssr_core`'s schedule and answer stages."""

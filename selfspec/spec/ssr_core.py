@@ -28,6 +28,7 @@ from pydantic import Field, model_validator
 
 from selfspec.engine.policy import Proposal
 from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.spec.draft_gate import DraftGate
 from selfspec.spec.suffix import GlobalSuffixHistory, SuffixConfig, SuffixOptions, SuffixProposer
 
 ReuseMode = Literal["off", "prefix", "suffix", "prefix+suffix"]
@@ -73,6 +74,14 @@ class SSRConfig(MethodConfig):
       the task into their CoT and the CoT into the answer, so many CoT tokens come free
       while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
       always closed by a plain step and the draft verification starts aligned.
+    gate: "always" forks at every budget (the paper's fixed budgets); "cost" forks only where the
+      draft can pay on the device and load it runs on, judged from the engine's measured step
+      costs (`spec.draft_gate`): it skips or cancels drafts whose extra row costs more than the
+      draft can save, and says so in the request's metrics (`draft_gate`).
+    gate_acceptance: the gate's expected fraction of draft tokens the model accepts.
+    gate_margin: how much the expected saving must exceed the measured cost.
+    gate_probe_steps: a running draft is re-judged every this many of its tokens (the first
+      time once the extra row is measured); two failing checks in a row cancel it.
     suffix_backoff_max: after a suffix proposal of which nothing is accepted,
       skip the next 1, 2, 4, ... (at most `suffix_backoff_max`) answer steps before proposing
       again; an accepted token resets it. A draft that stopped tracking the answer then costs
@@ -97,6 +106,10 @@ class SSRConfig(MethodConfig):
     prefix_chunk_max: int = Field(64, ge=1, le=4096)
     suffix_backoff_max: int = Field(16, ge=0, le=4096)
     speculate_thinking: bool = False
+    gate: Literal["always", "cost"] = "always"
+    gate_acceptance: float = Field(0.5, gt=0.0, le=1.0)
+    gate_margin: float = Field(1.25, ge=0.0)
+    gate_probe_steps: int = Field(16, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "SSRConfig":
@@ -167,13 +180,24 @@ class Draft:
 class DraftBackend(Protocol):
     """What a backend does for SSR's drafting (the engine: fork/cancel a sequence; vLLM: submit
     /abort a child request). `fork_draft` returns the handle stored in `Draft.seq`, None when
-    the backend refuses (no room)."""
+    the backend refuses (no room). `step_costs` gives the measured step costs and the number of
+    decode rows now running without this request's drafts (None where the backend measures
+    none, or a backend without the method: the cost gate then always forks)."""
 
     def fork_draft(self, draft: Draft, earlier: list[Draft]) -> Any | None: ...
 
     def cancel_draft(self, draft: Draft, reason: str) -> None: ...
 
     def draft_running(self, draft: Draft) -> bool: ...
+
+    def step_costs(self) -> "tuple[Any, int] | None": ...
+
+
+def _measured(backend: DraftBackend) -> tuple[Any, int]:
+    """The backend's (step costs, decode rows without this request's drafts), (None, 1) if none."""
+    step_costs = getattr(backend, "step_costs", None)
+    measured = step_costs() if step_costs is not None else None
+    return measured if measured is not None else (None, 1)
 
 
 def draft_proposer(config: SSRConfig, earlier: list[Draft]) -> SuffixProposer | None:
@@ -210,12 +234,31 @@ class DraftSchedule:
         self.budgets = config.budgets_up_to(cot_cap) if thinking else []
         self.drafts: list[Draft] = []
         self.fork_failures = 0
+        self.gate = DraftGate(config) if config.gate == "cost" else None
 
     def on_cot(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> None:
-        """The parent has `cot_tokens` CoT tokens and still thinks: fork every budget reached."""
+        """The parent has `cot_tokens` CoT tokens and still thinks: fork every budget reached
+        (with the cost gate: where a draft pays, and cancel a running one that does not)."""
+        if self.gate is not None:
+            self._judge_running(cot_tokens, backend)
         while self.budgets and cot_tokens >= self.budgets[0]:
             self.budgets.pop(0)
+            if self.gate is not None:
+                costs, rows = _measured(backend)
+                if not self.gate.before_fork(costs, rows, cot_tokens).drafts:
+                    continue
             self.fork(cot_tokens, anchor, backend)
+
+    def _judge_running(self, cot_tokens: int, backend: DraftBackend) -> None:
+        running = [d for d in self.drafts if backend.draft_running(d)]
+        if not running:
+            return
+        costs, rows = _measured(backend)
+        verdict = self.gate.while_drafting(costs, rows, cot_tokens, len(running[-1].tokens))
+        if verdict is not None and not verdict.drafts:
+            # The device cannot carry a draft at this load: no later budget would do better.
+            self.cancel_running(backend, f"draft gate: {verdict.reason}")
+            self.budgets = []
 
     def fork(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> Draft | None:
         if self.config.cancel_older_drafts:
@@ -248,6 +291,7 @@ class DraftSchedule:
             "draft_tokens": sum(len(d.tokens) for d in self.drafts),
             "draft_fork_cot": [d.cot_tokens for d in self.drafts],
             "fork_failures": self.fork_failures,
+            **({"draft_gate": self.gate.report()} if self.gate is not None else {}),
         }
 
 

@@ -1,0 +1,115 @@
+"""Whether an SSR draft can pay on this device, at this load, from measured step costs.
+
+A draft is one more row in every step while it runs. Each draft token costs the batch the
+extra row (`row_cost`, a fraction of a step, paid by every request in the step: `rows` of
+them), and each draft token the model later accepts saves this request most of a decode step
+(it is verified in a long chunk instead, at `verify_cost` of a step per token). With an
+expected acceptance `a`, a draft pays when
+
+    a * (1 - verify_cost) > margin * rows * row_cost
+
+whatever its length (cost and gain both grow with the tokens it writes). The engine measures
+both costs as it runs (`engine.step_costs`); the acceptance is a prior of the config. Before the
+extra row has ever been measured, the draft is forked as a probe and re-judged once it has run
+`gate_probe_steps` steps: a device where a second row is expensive (a CPU on a slow BLAS path)
+then loses a few steps, not the whole draft.
+
+The gate only decides whether to fork and when to cancel; every token the parent commits is
+still verified, so outputs are unchanged by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from selfspec.engine.step_costs import StepCosts
+    from selfspec.spec.ssr_core import SSRConfig
+
+VERIFY_COST_PRIOR = 0.25
+"""Fraction of a decode step per verified token before any long verify was measured: a
+64-token chunk at 16 decode steps, pessimistic for a GPU (~0.02) and for this CPU (~0.1)."""
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """One decision: fork (or keep) the draft or not, and the figures it rested on."""
+
+    action: str  # "fork", "probe" (fork, costs unknown), "skip", "cancel", "keep"
+    cot_tokens: int
+    rows: int
+    row_cost: float | None
+    verify_cost: float
+    acceptance: float
+    reason: str
+
+    @property
+    def drafts(self) -> bool:
+        return self.action in ("fork", "probe", "keep")
+
+
+class DraftGate:
+    """Judges each fork and each running draft of one request (see the module docstring)."""
+
+    def __init__(self, config: "SSRConfig") -> None:
+        self.acceptance = config.gate_acceptance
+        self.margin = config.gate_margin
+        self.probe_steps = config.gate_probe_steps
+        self.verdicts: list[GateVerdict] = []
+        self._next_check = 0  # draft length at which the running draft is judged again
+        self._failed_checks = 0  # consecutive checks of the running draft that said it cannot pay
+
+    def before_fork(self, costs: "StepCosts | None", rows: int, cot_tokens: int) -> GateVerdict:
+        """Fork a draft now, beside `rows` decode rows (this request's included)?"""
+        verdict = self._judge(costs, rows, cot_tokens, when_unknown="probe", when_pays="fork")
+        self.verdicts.append(verdict)
+        self._next_check = self.probe_steps
+        return verdict
+
+    def while_drafting(
+        self, costs: "StepCosts | None", rows: int, cot_tokens: int, draft_tokens: int
+    ) -> GateVerdict | None:
+        """Re-judge a running draft every `probe_steps` of its tokens (`rows` excludes it).
+        Returns a verdict when one was made, None between checks."""
+        if draft_tokens < self._next_check:
+            return None
+        self._next_check = draft_tokens + self.probe_steps
+        verdict = self._judge(costs, rows, cot_tokens, when_unknown="keep", when_pays="keep")
+        if verdict.action == "cancel":
+            # A cancelled draft is lost work, and one window of a busy machine (another process
+            # taking a core) can make any row look dear: cancel on the second failing check in a row.
+            self._failed_checks += 1
+            if self._failed_checks < 2:
+                return None
+        else:
+            self._failed_checks = 0
+        if verdict.action != "keep" or not any(v.action == "keep" for v in self.verdicts):
+            self.verdicts.append(verdict)  # the first confirmation and the cancellation
+        return verdict
+
+    def _judge(
+        self, costs: "StepCosts | None", rows: int, cot_tokens: int, *, when_unknown: str, when_pays: str
+    ) -> GateVerdict:
+        rows = max(1, rows)
+        row_cost = costs.row_cost(rows) if costs is not None else None
+        measured_verify = costs.verify_token_cost() if costs is not None else None
+        verify_cost = min(1.0, measured_verify if measured_verify is not None else VERIFY_COST_PRIOR)
+        gain = self.acceptance * (1.0 - verify_cost)
+        if row_cost is None:
+            return GateVerdict(
+                when_unknown, cot_tokens, rows, None, verify_cost, self.acceptance, "extra row not measured yet"
+            )
+        cost = self.margin * rows * row_cost
+        figures = (
+            f"an extra row costs {row_cost:.1%} of a step x {rows} row(s); a draft token saves "
+            f"{gain:.2f} of a step at acceptance {self.acceptance:.2f}"
+        )
+        if gain > cost:
+            return GateVerdict(when_pays, cot_tokens, rows, row_cost, verify_cost, self.acceptance, figures)
+        action = "skip" if when_pays == "fork" else "cancel"
+        return GateVerdict(action, cot_tokens, rows, row_cost, verify_cost, self.acceptance, f"cannot pay: {figures}")
+
+    def report(self) -> list[dict]:
+        """Every decision, in order, as plain dicts (for the request's metrics)."""
+        return [asdict(v) for v in self.verdicts]

@@ -1,0 +1,136 @@
+"""The SSR cost gate: step costs measured by shape, fork/skip/cancel decisions from them, and
+unchanged outputs whatever it decides (the bigram model's drafts do match, so a skipped or
+cancelled draft shows in the metrics and forward counts, never in the tokens)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.step_costs import StepCosts
+from selfspec.llm import LLM
+from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, DraftGate
+from selfspec.spec.ssr import SSRConfig
+from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.thinking.policy import ThinkingLimits
+
+
+def _costs(decode: dict[int, float], verify: dict[int, float] | None = None) -> StepCosts:
+    costs = StepCosts()
+    for rows, seconds in decode.items():
+        for _ in range(8):
+            costs.observe([1] * rows, seconds)
+    for tokens, seconds in (verify or {}).items():
+        costs.observe([tokens], seconds)
+    return costs
+
+
+def test_step_costs_by_shape():
+    costs = _costs({1: 0.10, 2: 0.11}, verify={64: 0.64})
+    assert costs.seconds(1) == pytest.approx(0.10)
+    assert costs.row_cost(1) == pytest.approx(0.10)
+    assert costs.row_cost(2) is None  # three rows never measured
+    assert costs.verify_token_cost() == pytest.approx(0.1)
+    costs.observe([1, 4], 9.0)  # a mixed step belongs to no shape
+    assert costs.summary().keys() == {"1x1", "2x1", "1x64"}
+
+
+def test_step_costs_median_ignores_stalls():
+    costs = _costs({1: 0.10})
+    costs.observe([1], 5.0)  # one stall among eight
+    assert costs.seconds(1) == pytest.approx(0.10)
+
+
+def test_gate_forks_where_a_row_is_cheap_and_skips_where_it_is_not():
+    gate = DraftGate(SSRConfig(gate="cost"))
+    cheap = gate.before_fork(_costs({1: 0.100, 2: 0.106}, verify={64: 0.64}), rows=1, cot_tokens=10)
+    assert cheap.action == "fork" and cheap.row_cost == pytest.approx(0.06)
+    dear = gate.before_fork(_costs({1: 0.100, 2: 0.190}), rows=1, cot_tokens=20)
+    assert dear.action == "skip" and "cannot pay" in dear.reason
+    assert dear.verify_cost == VERIFY_COST_PRIOR
+    # Under load the extra row slows every request in the step: cheap alone, too dear for eight.
+    loaded = gate.before_fork(_costs({8: 0.100, 9: 0.106}), rows=8, cot_tokens=30)
+    assert loaded.action == "skip"
+    assert [v["action"] for v in gate.report()] == ["fork", "skip", "skip"]
+
+
+def test_gate_probes_when_unmeasured_then_judges_the_running_draft():
+    gate = DraftGate(SSRConfig(gate="cost", gate_probe_steps=4))
+    costs = _costs({1: 0.1})
+    assert gate.before_fork(costs, rows=1, cot_tokens=5).action == "probe"
+    assert gate.while_drafting(costs, rows=1, cot_tokens=6, draft_tokens=3) is None  # before the probe ends
+    for _ in range(8):
+        costs.observe([1, 1], 0.2)
+    assert gate.while_drafting(costs, rows=1, cot_tokens=9, draft_tokens=4) is None  # one failing check
+    verdict = gate.while_drafting(costs, rows=1, cot_tokens=13, draft_tokens=8)
+    assert verdict is not None and verdict.action == "cancel"
+
+
+class _FixedCosts(StepCosts):
+    """Costs a test chooses: an extra row at `row` of a step, verify at 0.05 a token."""
+
+    def __init__(self, row: float | None) -> None:
+        super().__init__()
+        self.row = row
+
+    def row_cost(self, rows: int) -> float | None:
+        return self.row
+
+    def verify_token_cost(self) -> float | None:
+        return 0.05
+
+
+@pytest.fixture(scope="module")
+def bigram_llm():
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()  # next token from the current one: drafts match
+    return LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=512))
+
+
+@pytest.mark.parametrize(
+    "row_cost, expect",
+    [(0.02, "fork"), (2.0, "skip"), (None, "probe-then-cancel")],
+)
+def test_gate_decisions_leave_the_output_unchanged(bigram_llm, row_cost, expect):
+    llm = bigram_llm
+    limits = ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True)
+    params = SamplingParams(max_tokens=200)
+    prompts = ["What is 12 + 30?", "Write a counter class", "hello"]
+    base = llm.generate(prompts, params, limits=limits, thinking=True)
+    saved = llm.engine.step_costs
+    costs = _FixedCosts(row_cost)
+    llm.engine.step_costs = costs
+    try:
+        spec = SSRConfig(draft_budgets=[5], max_draft_len=30, gate="cost", gate_probe_steps=4)
+        if expect == "probe-then-cancel":
+            # Unmeasured at the fork; measured as far too dear once the draft has run 4 tokens.
+            original = DraftGate.while_drafting
+
+            def measured_then(gate, costs_, rows, cot_tokens, draft_tokens):
+                costs.row = 2.0
+                return original(gate, costs_, rows, cot_tokens, draft_tokens)
+
+            DraftGate.while_drafting = measured_then
+        try:
+            out = llm.generate(prompts, params, limits=limits, spec=spec)
+        finally:
+            if expect == "probe-then-cancel":
+                DraftGate.while_drafting = original
+    finally:
+        llm.engine.step_costs = saved
+    for o, b in zip(out, base):
+        assert o.token_ids == b.token_ids
+        actions = [v["action"] for v in o.metrics["draft_gate"]]
+        if expect == "fork":
+            assert actions[0] == "fork" and o.metrics["drafts"] == 1 and o.metrics["accepted_prefix"] > 0
+        elif expect == "skip":
+            assert actions == ["skip"] and o.metrics["drafts"] == 0
+        else:
+            assert actions[0] == "probe" and actions[-1] == "cancel"
+            assert o.metrics["drafts"] == 1 and 8 <= o.metrics["draft_tokens"] < 30
+    assert llm.engine.scheduler.slots.num_used == 0, "slots leaked"
