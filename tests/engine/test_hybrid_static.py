@@ -19,6 +19,7 @@ from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.state_cache import SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
@@ -208,6 +209,20 @@ def test_warm_up_builds_verify_graphs_only_when_asked():
     assert set(runner.static.snapshot_forwards) == {(b, 4, k) for b in (1, 2) for k in (8, 16)}
     assert runner.state.snapshot_tokens == max(BUCKETS.tokens)
     assert runner.state.recurrent_snapshots[0].shape[:2] == (3, 9)  # slots + scratch, 8 tokens + 1
+    state = runner.state
+    held = sum(
+        t.numel() * t.element_size() for t in [*state.conv_snapshots.values(), *state.recurrent_snapshots.values()]
+    )
+    assert held == 3 * SlotStateCache.snapshot_bytes_per_slot(state.specs, state.dtype, 8), "sizing counts them"
+
+
+def test_the_engine_sizes_the_snapshot_buffers_for_its_proposals():
+    """Verify chunks are at most the pending token plus `max_proposal_tokens`: the buffers hold
+    that chunk's token bucket, not the largest bucket."""
+    engine = make_engine(_model("qwen3_5"), True, max_proposal_tokens=3)
+    assert engine.runner.static.snapshot_tokens == 4
+    engine = make_engine(_model("qwen3_5"), True)
+    assert engine.runner.static.snapshot_tokens == max(BUCKETS.tokens)
 
 
 # ------------------------------------------------------------------ lossless methods on the static path
