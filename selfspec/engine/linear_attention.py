@@ -13,6 +13,10 @@ Numerics follow transformers' torch path: the conv over `[state | tokens]` as in
 `causal_conv1d_update`, the token-by-token recurrence of `torch_recurrent_gated_delta_rule`
 for decode and verify chunks (every intermediate state is kept for rollback), and the
 modeling module's own `torch_chunk_gated_delta_rule` for longer chunks (prefill pieces).
+
+Nothing in the forward reads a device value on the host: rows, slots, padding and fresh rows come
+as device tensors (`SlotStateCache` routing) and the loop lengths from shapes, so a static forward
+of a fixed bucket can be captured in a CUDA graph and replayed for any step of that shape.
 """
 
 from __future__ import annotations

@@ -68,8 +68,6 @@ class Engine:
         device = next(model.parameters()).device
         # Host ops between GPU launches stay on one thread: see `host_threads`.
         self.host_threads = limit_host_threads(device)
-        if self.config.num_slots == 0:
-            self.config.num_slots = slots_from_free_memory(model, max_len, device, self.config.memory_fraction)
         padding = self.config.max_padding_ratio
         if padding is None:
             padding = 16.0 if device.type == "cuda" else 1.5
@@ -78,6 +76,11 @@ class Engine:
             graphs = device.type == "cuda"
         if graphs and device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
+        snapshot_tokens = self._snapshot_tokens() if (graphs or self.config.static_shapes) else 0
+        if self.config.num_slots == 0:
+            self.config.num_slots = slots_from_free_memory(
+                model, max_len, device, self.config.memory_fraction, snapshot_tokens=snapshot_tokens
+            )
         compile_pointwise = self.config.compile_pointwise
         if compile_pointwise is None:
             compile_pointwise = graphs
@@ -103,6 +106,7 @@ class Engine:
             fused_pointwise=compile_pointwise,
             slot_attention=graphs if self.config.slot_attention is None else self.config.slot_attention,
             static_padding_budget=self.config.static_padding_budget,
+            state_snapshot_tokens=snapshot_tokens or None,
         )
         self.max_len = max_len
         self._max_proposal = self._proposal_cap()
@@ -368,6 +372,13 @@ class Engine:
         if static is None:
             return self.config.max_proposal_tokens
         return max(1, min(self.config.max_proposal_tokens, max(static.buckets.tokens) - 1))
+
+    def _snapshot_tokens(self) -> int:
+        """The widest verify chunk static forwards get (the pending token and the proposals, in
+        a token bucket): what a linear-attention model's snapshot buffers are sized for."""
+        buckets = self.config.graph_buckets
+        widest = min(self.config.max_proposal_tokens + 1, max(buckets.tokens))
+        return buckets.token_bucket(widest) or max(buckets.tokens)
 
     def _proposal_for(self, seq: Sequence) -> Proposal | None:
         if seq.policy is None:

@@ -70,6 +70,7 @@ class ModelRunner:
         fused_pointwise: bool = False,
         slot_attention: bool = False,
         static_padding_budget: int = 128,
+        state_snapshot_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -119,14 +120,12 @@ class ModelRunner:
         self.eager_forwards = 0
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
         self._eager_key_length_used = 0  # the last eager forward's key length (its label)
-        # Why eager for linear-attention models: a verify step keeps each row's per-token states until
-        # verification picks one (`state_cache`); inside a captured graph they would live in the graph's
-        # pool and the next replay of the same shape would overwrite them before they are picked.
+        # Linear-attention models: static verify forwards keep their per-position states in the
+        # state cache's snapshot buffers, sized for verify chunks of up to this many tokens (None:
+        # the largest token bucket); a wider verify forward runs eagerly.
+        self.state_snapshot_tokens = state_snapshot_tokens
+        # Why a model runs without static forwards although they were asked for (None: it does not).
         self.static_fallback: str | None = None
-        if capture_graphs and self.state is not None:
-            self.static_fallback = "eager: linear-attention state snapshots are not kept across CUDA graph replays"
-            capture_graphs = False
-            static_shapes = None
         if capture_graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use static_shapes alone to test the static path on CPU")
         self.static: StaticForwardPool | None = None
@@ -192,8 +191,11 @@ class ModelRunner:
                         out.logits[i] = logits[row, width - n :].to(torch.float32, copy=True)
                     out.argmax[i] = top_host[row, width - n :].tolist()
 
-    def warm_up_graphs(self, batch_sizes: list[int], token_counts: list[int], max_cached: int, progress=None) -> float:
-        """Build the static forwards for these shapes (every key bucket up to `max_cached`).
+    def warm_up_graphs(
+        self, batch_sizes: list[int], token_counts: list[int], max_cached: int, progress=None, verify: bool = True
+    ) -> float:
+        """Build the static forwards for these shapes (every key bucket up to `max_cached`; for
+        linear-attention models also their verify variants unless `verify` is False).
 
         Returns the seconds spent (capture and compile), which callers report and keep out
         of their measurements.
@@ -209,7 +211,7 @@ class ModelRunner:
             for t in sorted({buckets.token_bucket(x) for x in token_counts} - {None})
             for k in keys
         ]
-        return self.static.warm_up(shapes, progress)
+        return self.static.warm_up(shapes, progress, verify=verify)
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)

@@ -9,12 +9,17 @@ from selfspec.engine.linear_attention import is_gated_deltanet, layer_spec
 from selfspec.engine.state_cache import SlotStateCache
 
 
-def slots_from_free_memory(model, max_len: int, device: torch.device, fraction: float, cap: int = 256) -> int:
-    """How many KV slots of `max_len` fit in `fraction` of the device's free memory."""
+def slots_from_free_memory(
+    model, max_len: int, device: torch.device, fraction: float, cap: int = 256, snapshot_tokens: int = 0
+) -> int:
+    """How many KV slots of `max_len` fit in `fraction` of the device's free memory (with a
+    linear-attention model's state and, for static verify forwards of up to `snapshot_tokens`
+    tokens, its snapshot buffers)."""
     dtype = next(model.parameters()).dtype
     per_slot = SlotKVCache.bytes_per_slot(model.config, max_len, dtype)
     linear = {int(m.layer_idx): layer_spec(m) for m in model.modules() if is_gated_deltanet(m)}
     per_slot += SlotStateCache.bytes_per_slot(linear, dtype)
+    per_slot += SlotStateCache.snapshot_bytes_per_slot(linear, dtype, snapshot_tokens)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:

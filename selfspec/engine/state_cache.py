@@ -4,24 +4,39 @@ Why a second cache beside the slot KV cache: a linear-attention layer (Qwen3.5, 
 carries no per-position K/V but a fixed-size state per sequence — the last `kernel` inputs of
 its causal depthwise conv (`[conv_dim, kernel]`) and the delta-rule matrix (`[heads, k_dim,
 v_dim]`, float32 as transformers keeps it). A state cannot be "truncated" like a KV row: after
-a verify chunk of n tokens it has absorbed all n. So every forward keeps, per row, what is
-needed to put the state back at any position inside its chunk (`_Record`):
+a verify chunk of n tokens it has absorbed all n. So a verify forward keeps, per row, what is
+needed to put the state back at any position inside its chunk:
 
-- conv: the row's conv window `[zeros(pad) | state(kernel) | real tokens]` the forward built
-  anyway; the state after j tokens is the `kernel` columns ending at token j (a slice);
-- recurrent: with `snapshots`, the state after every column of the chunk (the token-by-token
-  recurrence materialises each one; they are kept by reference, no copy). Without, only the
-  final state (prefill pieces: all their tokens are kept).
+- conv: the row's conv window `[zeros(pad) | state(kernel) | tokens]` the forward built
+  anyway; the state after j real tokens is the `kernel` columns starting at `pad + j`;
+- recurrent: the state after every column of the chunk (the token-by-token recurrence
+  materialises each one). Padding columns leave a state as it is, so the state after j real
+  tokens is column `pad + j`.
 
-`settle(slot, start, kept)` after verification puts the slot at `start + kept` (a copy of one
-snapshot, nothing recomputed); `rewind` does the same for a later truncation inside the last
-chunk. Buffers are preallocated `[num_slots + 1, ...]` like the KV rows (the extra slot is the
-scratch row of padding rows). A row whose chunk starts at position 0 reads a zero state, so a
-freed slot needs no clearing before its next sequence.
+Where they are kept depends on the forward:
+
+- eager forwards keep them by reference (`_Record.windows` / `states`, no copy);
+- static forwards (CUDA graph replays) write them into cache-owned snapshot buffers, one row
+  per slot (`[num_slots + 1, C, K + T]` and `[num_slots + 1, T + 1, H, K, V]` per layer, T the
+  largest token bucket a verify forward may use). A tensor made inside a captured graph lives
+  in the graph's memory pool and the next replay overwrites it; a buffer row per slot is only
+  written by that slot's next verify forward, so several replays (of one shape or not) may run
+  before `settle` picks a position. Allocated once, before the first capture that writes them.
+
+Routing: eager forwards route from host lists (`prepare_step`); static forwards from device
+tensors the static body computes from its input buffer (`set_routing`: nothing on the host, so
+the routing is part of the captured graph), with padding rows routed to the scratch slot
+`num_slots`. The host-side facts `settle` needs (pad, start, length per slot) are noted after
+a static forward (`note_static_rows`), outside the graph.
+
+`settle(slot, position)` after verification puts the slot at `position` (a copy of one
+snapshot, nothing recomputed). State buffers are `[num_slots + 1, ...]` like the KV rows. A row
+whose chunk starts at position 0 reads a zero state, so a freed slot needs no clearing.
 
 Padding never enters a state: padded columns get decay 0 (log space: the state is multiplied
 by exactly 1) and learning rate beta 0 (nothing is written), and the conv window puts the
-padding before the cached state, so a row's real tokens see exactly their own history.
+padding before the cached state, so a row's real tokens see exactly their own history. The
+scratch slot therefore stays as it was (zero) whatever padding rows run through it.
 """
 
 from __future__ import annotations
@@ -49,21 +64,21 @@ class _Routing:
     slots: torch.Tensor  # [B] slot per row (scratch slot for padding rows)
     real: torch.Tensor  # [B, T] real-token columns (rows are right-aligned)
     fresh: torch.Tensor  # [B] rows starting at position 0: their initial state is zero
-    pads: list[int] | None  # per-row padding on the host (None: static forwards)
-    starts: list[int] | None
-    snapshots: bool  # keep the per-column recurrent states (verify chunks)
+    snapshots: bool  # keep the per-column states (verify chunks)
+    buffered: bool  # static forward: snapshots go to the cache's snapshot buffers (row = slot)
 
 
 @dataclass
 class _Record:
-    """What one forward left to put a row's state back inside its chunk (per layer)."""
+    """What one forward left to put a slot's state back inside its chunk."""
 
-    row: int
     pad: int
     start: int
     length: int
-    windows: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, C, K + T]
-    states: dict[int, list[torch.Tensor] | None] = field(default_factory=dict)  # layer -> [S_0..S_T] of [B, H, K, V]
+    snapshots: bool  # False: only the state after the whole chunk exists
+    row: int | None = None  # eager: the row in the forward's tensors; None: the snapshot buffers
+    windows: dict[int, torch.Tensor] = field(default_factory=dict)  # eager: layer -> [B, C, K + T]
+    states: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # eager: layer -> [S_0..S_T]
 
 
 class SlotStateCache:
@@ -81,6 +96,7 @@ class SlotStateCache:
         self.num_slots = num_slots
         self.scratch_slot = num_slots
         self.device = torch.device(device)
+        self.dtype = dtype
         self.conv = {
             i: torch.zeros((num_slots + 1, s.conv_dim, s.kernel), dtype=dtype, device=device) for i, s in layers.items()
         }
@@ -88,6 +104,10 @@ class SlotStateCache:
             i: torch.zeros((num_slots + 1, s.heads, s.k_dim, s.v_dim), dtype=torch.float32, device=device)
             for i, s in layers.items()
         }
+        # Snapshot buffers of static verify forwards (`reserve_snapshots`); 0 tokens: none yet.
+        self.snapshot_tokens = 0
+        self.conv_snapshots: dict[int, torch.Tensor] = {}
+        self.recurrent_snapshots: dict[int, torch.Tensor] = {}
         self.routing: _Routing | None = None
         self._records: dict[int, _Record] = {}  # slot -> the last forward's record for it
         self._forward_records: list[tuple[int, _Record]] = []
@@ -97,6 +117,34 @@ class SlotStateCache:
     def bytes_per_slot(layers: dict[int, LinearLayerSpec], dtype: torch.dtype) -> int:
         elem = torch.finfo(dtype).bits // 8
         return sum(s.conv_dim * s.kernel * elem + s.heads * s.k_dim * s.v_dim * 4 for s in layers.values())
+
+    @staticmethod
+    def snapshot_bytes_per_slot(layers: dict[int, LinearLayerSpec], dtype: torch.dtype, tokens: int) -> int:
+        """What `reserve_snapshots(tokens)` costs per slot."""
+        if tokens <= 0:
+            return 0
+        elem = torch.finfo(dtype).bits // 8
+        return sum(
+            s.conv_dim * (s.kernel + tokens) * elem + (tokens + 1) * s.heads * s.k_dim * s.v_dim * 4
+            for s in layers.values()
+        )
+
+    def reserve_snapshots(self, tokens: int) -> None:
+        """Allocate the snapshot buffers of static verify forwards of up to `tokens` columns.
+        Once: captured graphs hold their addresses, so they are never reallocated."""
+        if self.snapshot_tokens:
+            if tokens > self.snapshot_tokens:
+                raise ValueError(f"snapshot buffers hold {self.snapshot_tokens} tokens, {tokens} asked")
+            return
+        slots = self.num_slots + 1
+        for i, s in self.specs.items():
+            self.conv_snapshots[i] = torch.zeros(
+                (slots, s.conv_dim, s.kernel + tokens), dtype=self.dtype, device=self.device
+            )
+            self.recurrent_snapshots[i] = torch.zeros(
+                (slots, tokens + 1, s.heads, s.k_dim, s.v_dim), dtype=torch.float32, device=self.device
+            )
+        self.snapshot_tokens = tokens
 
     # ------------------------------------------------------------------ routing
     def prepare_step(
@@ -111,34 +159,39 @@ class SlotStateCache:
             slots=torch.tensor(slots, device=device),
             real=real,
             fresh=torch.tensor([s == 0 for s in starts], device=device),
-            pads=pads,
-            starts=list(starts),
             snapshots=snapshots,
+            buffered=False,
         )
-        self.note_rows(slots, starts, lengths, chunk_len)
-
-    def note_rows(self, slots: list[int], starts: list[int], lengths: list[int], chunk_len: int) -> None:
-        """The host-side facts of the next forward's rows, for `settle` and `rewind` later."""
         self._forward_records = [
-            (slot, _Record(row, chunk_len - n, start, n))
-            for row, (slot, start, n) in enumerate(zip(slots, starts, lengths))
+            (slot, _Record(pad, start, n, snapshots, row=row))
+            for row, (slot, start, n, pad) in enumerate(zip(slots, starts, lengths, pads))
         ]
 
     def set_routing(
         self, *, read_slots: torch.Tensor, write_slots: torch.Tensor, positions: torch.Tensor, snapshots: bool
     ) -> None:
-        """Route a static-shape forward from device tensors (no host reads): a column is real
-        where it writes to a real slot; a row is fresh where a real column sits at position 0.
-        The rows' host-side facts come separately (`note_rows`)."""
+        """Route a static-shape forward from device tensors (no host reads, so it can be
+        captured): a column is real where it writes to a real slot; a row is fresh where a real
+        column sits at position 0. `snapshots` is fixed per captured graph. Padding rows read and
+        write the scratch slot (their `read_slots`)."""
+        if snapshots and not self.snapshot_tokens:
+            raise RuntimeError("a static verify forward needs reserve_snapshots() first")
         real = write_slots != self.scratch_slot
         self.routing = _Routing(
             slots=read_slots,
             real=real,
             fresh=((positions == 0) & real).any(dim=1),
-            pads=None,
-            starts=None,
             snapshots=snapshots,
+            buffered=True,
         )
+
+    def note_static_rows(
+        self, slots: list[int], starts: list[int], lengths: list[int], chunk_len: int, snapshots: bool
+    ) -> None:
+        """The host-side facts of a static forward that just ran (or was replayed): where its
+        rows' snapshots lie in the buffers (row = slot) for `settle` later."""
+        for slot, start, n in zip(slots, starts, lengths):
+            self._records[slot] = _Record(chunk_len - n, start, n, snapshots)
 
     def end_step(self) -> None:
         for slot, record in self._forward_records:
@@ -156,11 +209,23 @@ class SlotStateCache:
         return conv.masked_fill(fresh, 0), rec.masked_fill(fresh.unsqueeze(-1), 0)
 
     def write(self, layer: int, window: torch.Tensor, states: list[torch.Tensor] | None, final: torch.Tensor) -> None:
-        """Store the rows' new state; keep what `settle`/`rewind` may need."""
+        """Store the rows' new state; keep what `settle` may need (by reference in eager
+        forwards, in the snapshot buffers' slot rows in static ones)."""
         r = self.routing
         kernel = self.specs[layer].kernel
         self.conv[layer].index_copy_(0, r.slots, window[:, :, -kernel:].to(self.conv[layer].dtype))
         self.recurrent[layer].index_copy_(0, r.slots, final.to(torch.float32))
+        if not r.snapshots:
+            return
+        if r.buffered:
+            width = window.shape[-1]
+            if width - kernel > self.snapshot_tokens:
+                raise RuntimeError(f"a {width - kernel}-token verify forward exceeds the snapshot buffers")
+            self.conv_snapshots[layer][:, :, :width].index_copy_(0, r.slots, window.to(self.dtype))
+            buffer = self.recurrent_snapshots[layer]
+            for column, state in enumerate(states):
+                buffer[:, column].index_copy_(0, r.slots, state.to(torch.float32))
+            return
         for _, record in self._forward_records:
             record.windows[layer] = window
             record.states[layer] = states
@@ -175,15 +240,18 @@ class SlotStateCache:
         kept = position - record.start
         if kept == record.length:
             return True
-        if not 0 <= kept < record.length:
+        if not 0 <= kept < record.length or not record.snapshots:
             return False
-        if any(states is None for states in record.states.values()):
-            return False
-        for layer, window in record.windows.items():
-            kernel = self.specs[layer].kernel
-            begin = record.pad + kept
-            self.conv[layer][slot].copy_(window[record.row, :, begin : begin + kernel])
-            self.recurrent[layer][slot].copy_(record.states[layer][record.pad + kept][record.row])
+        column = record.pad + kept
+        for layer, spec in self.specs.items():
+            if record.row is None:
+                window = self.conv_snapshots[layer][slot]
+                state = self.recurrent_snapshots[layer][slot, column]
+            else:
+                window = record.windows[layer][record.row]
+                state = record.states[layer][column][record.row]
+            self.conv[layer][slot].copy_(window[:, column : column + spec.kernel])
+            self.recurrent[layer][slot].copy_(state)
         record.length = kept
         return True
 

@@ -10,8 +10,17 @@ from those buffers inside the captured region. Attention reads the key bucket, a
 at or above the longest row's cached length: its cost grows with what is cached, not with
 the preallocated cache length.
 
+Linear-attention layers (`state_cache`) route their slot states from the same buffers. A verify
+step keeps every position's state until `settle` picks the accepted one; inside a graph those
+states would live in the graph's pool and die at the next replay, so verify forwards of such
+models are separate graphs (`snapshots=True`: the token-by-token recurrence, whose per-column
+states go to the state cache's snapshot buffers) beside the plain ones (chunked delta rule,
+nothing kept). Whether a forward keeps snapshots is fixed per graph, never read at replay.
+
 The same body runs uncaptured on a CPU (`capture=False`), which is how the bucketing,
-padding rows and device-side routing are tested for exactness without a GPU.
+padding rows and device-side routing are tested for exactness without a GPU. The body keeps
+nothing on the host between forwards (what `settle` needs is noted outside it), so what runs
+uncaptured is what a replay does.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -102,6 +112,7 @@ class StaticForward:
     tokens: int
     keys: int
     packed: torch.Tensor  # [5, B, T] int64: ids, positions, write slot, write position, read slot (col 0)
+    snapshots: bool = False  # linear-attention verify forward: per-column states kept (see module doc)
     graph: torch.cuda.CUDAGraph | None = None
     capture_seconds: float = 0.0
     replays: int = 0
@@ -122,6 +133,15 @@ class StaticForwardPool:
         self.capture = capture
         self.device = runner.device
         self.forwards: dict[tuple[int, int, int], StaticForward] = {}
+        # Verify forwards of linear-attention models, by shape (see the module doc).
+        self.snapshot_forwards: dict[tuple[int, int, int], StaticForward] = {}
+        self.stateful = runner.state is not None
+        max_t = max(buckets.tokens)
+        # Widest verify forward whose states the snapshot buffers hold (a token bucket); a wider
+        # one runs eagerly ("verify wider than the state snapshot buffers").
+        wanted = runner.state_snapshot_tokens or max_t
+        self.snapshot_tokens = buckets.token_bucket(min(wanted, max_t)) or max_t
+        self.eager_reasons: Counter[str] = Counter()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         vocab = int(runner.model.get_output_embeddings().weight.shape[0])
         max_b, max_t = max(buckets.batch), max(buckets.tokens)
@@ -134,13 +154,19 @@ class StaticForwardPool:
         self.capture_seconds = 0.0
         self.capture_error: str | None = None
         self.slot_attention_error: str | None = None
-        self._snapshots = False  # this step's rows verify proposals (linear-attention state snapshots)
 
     # ------------------------------------------------------------------ shape selection
+    def needs_snapshots(self, chunks: list["Chunk"]) -> bool:
+        """Whether a forward over `chunks` must keep linear-attention states per position."""
+        return self.stateful and any(c.num_logits > 1 for c in chunks)
+
     def shape_for(self, chunks: list["Chunk"]) -> tuple[int, int, int] | None:
         b = self.buckets.batch_bucket(len(chunks))
         t = self.buckets.token_bucket(max(len(c.token_ids) for c in chunks))
         if b is None or t is None:
+            return None
+        if t > self.snapshot_tokens and self.needs_snapshots(chunks):
+            self.eager_reasons["verify wider than the state snapshot buffers"] += 1
             return None
         needed = max(c.start + len(c.token_ids) for c in chunks)
         return b, t, self.buckets.key_bucket(needed, self.runner.max_len)
@@ -148,9 +174,10 @@ class StaticForwardPool:
     # ------------------------------------------------------------------ running
     def run(self, chunks: list["Chunk"], shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `chunks` in the bucket `shape`; return views (logits [B, T, V], argmax [B, T])."""
-        forward = self.forwards.get(shape)
+        snapshots = self.needs_snapshots(chunks)
+        forward = (self.snapshot_forwards if snapshots else self.forwards).get(shape)
         if forward is None:
-            forward = self._build(shape)
+            forward = self._build(shape, snapshots)
         forward.packed.copy_(self._pack(chunks, shape), non_blocking=True)
         if forward.graph is not None:
             forward.graph.replay()
@@ -158,6 +185,10 @@ class StaticForwardPool:
             self._body(forward)
         forward.replays += 1
         b, t, _ = shape
+        if self.stateful:
+            self.runner.state.note_static_rows(
+                [c.slot for c in chunks], [c.start for c in chunks], [len(c.token_ids) for c in chunks], t, snapshots
+            )
         return self.logits_out[:b, :t], self.argmax_out[:b, :t]
 
     def _pack(self, chunks: list["Chunk"], shape: tuple[int, int, int]) -> torch.Tensor:
@@ -182,21 +213,20 @@ class StaticForwardPool:
             arr[2, row, pad:] = chunk.slot
             arr[3, row, pad:] = arr[1, row, pad:]
             arr[4, row, :] = chunk.slot
-        state = self.runner.state
-        if state is not None:
-            state.note_rows([c.slot for c in chunks], [c.start for c in chunks], [len(c.token_ids) for c in chunks], t)
-            self._snapshots = any(c.num_logits > 1 for c in chunks)
         return host
 
-    def _build(self, shape: tuple[int, int, int]) -> StaticForward:
+    def _build(self, shape: tuple[int, int, int], snapshots: bool = False) -> StaticForward:
         b, t, k = shape
+        if snapshots:
+            # Before any capture writes them: a graph keeps the buffers' addresses.
+            self.runner.state.reserve_snapshots(self.snapshot_tokens)
         packed = torch.zeros((5, b, t), dtype=torch.long, device=self.device)
         scratch = self.runner.cache.scratch_slot
         # Warm-up and capture inputs route every write to the scratch slot: no real row changes.
         packed[2].fill_(scratch)
         packed[3].copy_(torch.arange(t, device=self.device).expand(b, t))
         packed[4].fill_(scratch)
-        forward = StaticForward(batch=b, tokens=t, keys=k, packed=packed)
+        forward = StaticForward(batch=b, tokens=t, keys=k, packed=packed, snapshots=snapshots)
         if self.capture:
             start = time.perf_counter()
             try:
@@ -209,7 +239,7 @@ class StaticForwardPool:
                 torch.cuda.synchronize(self.device)
             forward.capture_seconds = time.perf_counter() - start
             self.capture_seconds += forward.capture_seconds
-        self.forwards[shape] = forward
+        (self.snapshot_forwards if snapshots else self.forwards)[shape] = forward
         return forward
 
     def _capture_with_fallbacks(self, forward: StaticForward) -> torch.cuda.CUDAGraph:
@@ -248,7 +278,7 @@ class StaticForwardPool:
                 read_slots=forward.packed[4, :, 0],
                 write_slots=forward.packed[2],
                 positions=positions,
-                snapshots=self._snapshots,
+                snapshots=forward.snapshots,
             )
         runner.cache.set_routing(
             write_slots=forward.packed[2],
@@ -264,12 +294,22 @@ class StaticForwardPool:
         self.argmax_out[:b, :t].copy_(logits.argmax(dim=-1))
 
     # ------------------------------------------------------------------ warm-up
-    def warm_up(self, shapes: list[tuple[int, int, int]], progress: Callable[[int], None] | None = None) -> float:
-        """Build (capture) the given shapes now, so no capture lands inside a measurement."""
+    def warm_up(
+        self,
+        shapes: list[tuple[int, int, int]],
+        progress: Callable[[int], None] | None = None,
+        verify: bool = True,
+    ) -> float:
+        """Build (capture) the given shapes now, so no capture lands inside a measurement.
+        Linear-attention models also get the verify variant of every multi-token shape the
+        snapshot buffers hold (unless `verify` is False: no speculation will run)."""
         before = self.capture_seconds
         for shape in shapes:
             if shape not in self.forwards:
                 self._build(shape)
+            t = shape[1]
+            if verify and self.stateful and 1 < t <= self.snapshot_tokens and shape not in self.snapshot_forwards:
+                self._build(shape, snapshots=True)
             if progress is not None:
                 progress(1)
         return self.capture_seconds - before
@@ -283,6 +323,9 @@ class StaticForwardPool:
             "kv_write_kernel": self.runner.cache.kv_write_kernel,
             "kv_write_error": self.runner.cache.kv_write_error,
             "shapes": len(self.forwards),
+            "verify_shapes": len(self.snapshot_forwards),
+            "snapshot_tokens": self.snapshot_tokens if self.stateful else None,
+            "eager_reasons": dict(self.eager_reasons),
             "capture_seconds": round(self.capture_seconds, 3),
-            "replays": sum(f.replays for f in self.forwards.values()),
+            "replays": sum(f.replays for f in [*self.forwards.values(), *self.snapshot_forwards.values()]),
         }

@@ -16,6 +16,7 @@ from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.static_forward import GraphBuckets
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
 VOCAB = 128
@@ -206,12 +207,13 @@ def test_padding_never_enters_a_rows_state(family):
     assert not runner.settle(1, 5), "a position before the last chunk cannot be reached"
 
 
-def test_cuda_graphs_fall_back_to_eager_for_linear_attention():
-    """Captured graphs would not keep a verify step's state snapshots: the runner says so and
-    runs eagerly (checked without a GPU: the fallback comes before the device check)."""
-    runner = ModelRunner(_model("qwen3_5"), num_slots=2, max_len=64, capture_graphs=True)
-    assert runner.stateful and runner.static is None
-    assert "linear-attention" in runner.static_fallback
+def test_linear_attention_models_take_the_static_path():
+    """No eager fallback for linear attention: static shapes are built, and CUDA graphs are
+    asked of the device like for any model (on a CPU that is an error, not a silent fallback)."""
+    runner = ModelRunner(_model("qwen3_5"), num_slots=2, max_len=64, static_shapes=GraphBuckets())
+    assert runner.stateful and runner.static is not None and runner.static_fallback is None
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        ModelRunner(_model("qwen3_5"), num_slots=2, max_len=64, capture_graphs=True)
 
 
 def test_unsupported_architectures_fail_at_load_naming_what_is_missing():

@@ -6,6 +6,8 @@ Run on a CUDA machine (the CPU test suite covers the uncaptured static path):
     python tools/gpu/gpu_check.py --model smollm2     # plus a bf16 long-generation agreement check
     python tools/gpu/gpu_check.py --model gemma3-270m --tokenizer gemma3-270m=/tmp/m/gemma3-270m-tokenizer
                                                     # a model whose GGUF tokenizer that transformers builds wrongly
+    python tools/gpu/gpu_check.py --skip-tiny --hybrid-tiny --hybrid-shape qwen3.5-4b
+                                                    # linear-attention models on graphs (transformers >= 5.24)
 
 Checks, each printed PASS/FAIL (exit status 1 on any FAIL):
 1. fp32, tiny Llama / Qwen3 / Gemma-3 (sliding window 8): greedy tokens of the captured
@@ -20,6 +22,16 @@ Checks, each printed PASS/FAIL (exit status 1 on any FAIL):
    per verify forward, agrees with the eager transformers model's top-1 on >= 99.5% of
    positions. Positions where the eager model's own top two logits are within one bf16 step
    of each other are counted apart: there either answer is the model's.
+4. `--hybrid-tiny`, fp32 tiny Qwen3.5 / Qwen3-Next (Gated DeltaNet layers, whose per-slot state
+   and verify snapshots the graphs route): the graph engine's greedy tokens for a batch equal
+   the eager engine's and `generate`'s; speculation with rejected proposals (the state settles
+   inside a verify chunk) equals them too, also with batch buckets of at most 2 so that two
+   replays of one verify graph run before any row settles. Tokens/s of the greedy batch both
+   ways (second run: graphs and compilation warm).
+5. `--hybrid-shape qwen3.5-4b`: random bf16 weights of the served shape, batch 1: decode
+   tokens/s eager vs graphs; the graph engine teacher-forced on the eager engine's greedy
+   output (chunks of 1 and 16: decode and verify graphs) agrees on top-1 (reported; passes at
+   >= 99.5% like 3.); a speculative run with rejections that uses the verify graphs.
 """
 
 from __future__ import annotations
@@ -36,8 +48,9 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.llm_engine import Engine
 from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.static_forward import GraphBuckets
 from selfspec.engine.verify import VerifyResult
-from selfspec.testing.tiny import tiny_model
+from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
 RESULTS: list[dict] = []
 
@@ -200,6 +213,137 @@ def check_tiny(device: str) -> None:
             )
 
 
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_greedy(engine: Engine, prompts: list[list[int]], n: int, device: str) -> tuple[list[list[int]], float]:
+    """Greedy outputs of `prompts` (one batch) and the output tokens per second."""
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
+    sync(device)
+    start = time.perf_counter()
+    run_all(engine, seqs)
+    sync(device)
+    return [s.output_ids for s in seqs], sum(len(s.output_ids) for s in seqs) / (time.perf_counter() - start)
+
+
+def check_hybrid_tiny(device: str) -> None:
+    """Linear-attention models on the graph path: exact against eager and `generate` (fp32)."""
+    g = torch.Generator().manual_seed(0)
+    for family in HYBRID_FAMILIES:
+        model = tiny_model(family, 128, seed=1, num_layers=4).to(device)
+        prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (3, 17, 40)]
+        refs = [generate_ref(model, p, 100) for p in prompts]
+        speeds: dict[str, float] = {}
+        for label, cfg in graph_configs(device).items():
+            engine = Engine(model, None, EngineConfig(num_slots=8, max_len=512, **cfg), eos_token_ids=[])
+            first, _ = timed_greedy(engine, prompts, 100, device)  # builds the graphs it needs
+            second, speeds[label] = timed_greedy(engine, prompts, 100, device)
+            spec = [
+                engine.add_request(p, SamplingParams(max_tokens=100, ignore_eos=True), policy=ChunkProposer(r, 128))
+                for p, r in zip(prompts, refs)
+            ]
+            run_all(engine, spec)
+            # Batch buckets of at most 2: four verify rows take two replays of one graph per step.
+            narrow = Engine(
+                model,
+                None,
+                EngineConfig(num_slots=8, max_len=512, graph_buckets=GraphBuckets(batch=(1, 2)), **cfg),
+                eos_token_ids=[],
+            )
+            rows = [*prompts, prompts[1][:9]]
+            narrow_refs = [*refs, generate_ref(model, rows[-1], 100)]
+            replayed = [
+                narrow.add_request(p, SamplingParams(max_tokens=100, ignore_eos=True), policy=ChunkProposer(r, 128))
+                for p, r in zip(rows, narrow_refs)
+            ]
+            run_all(narrow, replayed)
+            greedy_ok = first == refs and second == refs
+            spec_ok = [s.output_ids for s in spec] == refs
+            replay_ok = [s.output_ids for s in replayed] == narrow_refs
+            static = engine.runner.static
+            report(
+                f"hybrid-tiny-{family}-{label}",
+                greedy_ok and spec_ok and replay_ok and engine.runner.static_fallback is None,
+                greedy_equal=greedy_ok,
+                spec_equal=spec_ok,
+                two_replays_before_settle_equal=replay_ok,
+                accepted=sum(s.stats.accepted_tokens for s in spec),
+                tokens_per_s=round(speeds[label], 1),
+                speedup_vs_eager=round(speeds[label] / speeds["eager"], 2),
+                static=static.stats() if static else None,
+                narrow_static=narrow.runner.static.stats() if narrow.runner.static else None,
+                static_fallback=engine.runner.static_fallback,
+                eager_forwards=engine.runner.eager_forwards,
+                forwards=engine.runner.forwards,
+            )
+            del engine, narrow
+
+
+def check_hybrid_shape(shape: str, tokens: int, device: str) -> None:
+    """A served linear-attention shape in bf16 (random weights): eager vs graphs at batch 1."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from step_profile import shaped_model
+
+    model = shaped_model(shape, torch.bfloat16 if device == "cuda" else torch.float32, device)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(10, model.config.vocab_size - 10, (32,), generator=g).tolist()
+    max_len = len(prompt) + tokens + 80
+    eager = Engine(model, None, EngineConfig(num_slots=2, max_len=max_len, cuda_graphs=False), eos_token_ids=[])
+    timed_greedy(eager, [prompt], 8, device)  # lazy inits
+    (reference,), eager_speed = timed_greedy(eager, [prompt], tokens, device)
+    del eager
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    cfg = EngineConfig(num_slots=2, max_len=max_len, max_proposal_tokens=15)
+    if device != "cuda":
+        cfg.static_shapes = True
+    graph = Engine(model, None, cfg, eos_token_ids=[])
+    # Decode, and every verify width the speculative run below uses: no capture while timed.
+    capture = graph.runner.warm_up_graphs([1], [1, 2, 4, 8, 16], max_len)
+    timed_greedy(graph, [prompt], 8, device)
+    (free,), graph_speed = timed_greedy(graph, [prompt], tokens, device)
+    common = next((i for i, (a, b) in enumerate(zip(free, reference)) if a != b), len(reference))
+    agreement = {}
+    for chunk in (1, 16):
+        forcing = TeacherForcing(reference, chunk)
+        s = graph.add_request(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), policy=forcing)
+        run_all(graph, [s])
+        agreement[chunk] = round(forcing.agree / max(1, forcing.positions), 5)
+    spec = graph.add_request(
+        prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), policy=ChunkProposer(free, model.config.vocab_size)
+    )
+    sync(device)
+    start = time.perf_counter()
+    run_all(graph, [spec])
+    sync(device)
+    spec_speed = len(spec.output_ids) / (time.perf_counter() - start)
+    stats = graph.runner.static.stats() if graph.runner.static else {}
+    spec_common = next((i for i, (a, b) in enumerate(zip(spec.output_ids, free)) if a != b), len(free))
+    report(
+        f"hybrid-{shape}-random-bf16-graphs",
+        bool(stats)
+        and not stats.get("capture_error")
+        and graph.runner.static_fallback is None
+        and min(agreement.values()) >= 0.995,
+        eager_tokens_per_s=round(eager_speed, 1),
+        graph_tokens_per_s=round(graph_speed, 1),
+        speedup=round(graph_speed / eager_speed, 2),
+        speculative_tokens_per_s=round(spec_speed, 1),
+        speculative_accepted=spec.stats.accepted_tokens,
+        speculative_common_prefix_with_graph_greedy=spec_common,
+        top1_agreement_with_eager={f"chunk{k}": v for k, v in agreement.items()},
+        free_running_common_prefix=common,
+        tokens=tokens,
+        capture_seconds=round(capture, 1),
+        snapshot_bytes=sum(t.numel() * t.element_size() for t in graph.runner.state.recurrent_snapshots.values()),
+        static=stats,
+        eager_forwards=graph.runner.eager_forwards,
+        forwards=graph.runner.forwards,
+    )
+
+
 def check_sps(device: str) -> None:
     """Draft-model speculation (the draft = the target's first layer, its own graphs) is exact."""
     from selfspec.config import DraftModelConfig
@@ -269,7 +413,17 @@ def main() -> int:
         "--shape", action="append", default=[], help="also check random weights of this shape in bf16 (repeatable)"
     )
     parser.add_argument("--positions", type=int, default=2000, help="teacher-forced positions per --shape")
-    parser.add_argument("--skip-tiny", action="store_true", help="only the --model / --shape checks")
+    parser.add_argument("--skip-tiny", action="store_true", help="only the --model / --shape / --hybrid-* checks")
+    parser.add_argument(
+        "--hybrid-tiny", action="store_true", help="tiny Qwen3.5 / Qwen3-Next on graphs vs eager (fp32, exact)"
+    )
+    parser.add_argument(
+        "--hybrid-shape",
+        action="append",
+        default=[],
+        help="random bf16 weights of a linear-attention shape (qwen3.5-4b): tokens/s eager vs graphs (repeatable)",
+    )
+    parser.add_argument("--hybrid-tokens", type=int, default=128, help="tokens generated per --hybrid-shape run")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of the static path")
     parser.add_argument(
@@ -292,6 +446,10 @@ def main() -> int:
     if not args.skip_tiny:
         check_tiny(args.device)
         check_sps(args.device)
+    if args.hybrid_tiny:
+        check_hybrid_tiny(args.device)
+    for shape in args.hybrid_shape:
+        check_hybrid_shape(shape, args.hybrid_tokens, args.device)
     for shape in args.shape:
         check_shape(shape, args.positions, args.device)
     for name in args.model:
