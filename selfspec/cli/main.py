@@ -109,6 +109,10 @@ def generate(
         "--speculate-thinking",
         help="With --ssr: also speculate the CoT and the drafts by suffix decoding over their own context.",
     ),
+    gate: str = typer.Option(
+        "always",
+        help="With --ssr: always (fork at every budget) | cost (only where this device's measured step costs let the draft pay).",
+    ),
     suffix_decoding: bool = typer.Option(
         False, "--suffix-decoding", help="Suffix decoding over prompt + output (no SSR)."
     ),
@@ -140,6 +144,7 @@ def generate(
                 reuse=reuse,
                 speculate_thinking=speculate_thinking,
                 suffix_sources=sources,
+                gate=gate,
             )
             think = True
         elif suffix_decoding or prompt_lookup:
@@ -197,6 +202,10 @@ def generate(
             )
             + "[/]"
         )
+        for verdict in result.metrics.get("draft_gate", []):
+            err.print(
+                f"[dim]draft gate at CoT token {verdict['cot_tokens']}: {verdict['action']} ({verdict['reason']})[/]"
+            )
 
 
 @app.command()
@@ -255,6 +264,7 @@ def demo(
         max_draft=300,
         reuse="prefix+suffix",
         speculate_thinking=False,
+        gate="always",
         suffix_decoding=False,
         prompt_lookup=False,
     )
