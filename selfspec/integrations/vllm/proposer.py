@@ -40,6 +40,8 @@ class _RequestState:
         self.started = False
         self.last: Proposal | None = None
         self.answer_tokens = 0
+        self.proposed_tokens = 0  # verified proposals' tokens, and how many of them were accepted
+        self.accepted_tokens = 0
 
     def step(self, context: list[int], sampled: list[int], k: int) -> list[int]:
         """Take this step's verdict, then propose at most `k` tokens after `context`."""
@@ -55,6 +57,8 @@ class _RequestState:
             answer.on_verdict(None, 0, 0, context[plan.answer_start :])
         else:
             source, accepted, proposed = _verdict(self.last, sampled)
+            self.proposed_tokens += proposed
+            self.accepted_tokens += accepted
             answer.on_verdict(source, accepted, proposed, sampled)
         self.answer_tokens = len(context) - plan.answer_start
         self.last = answer.propose(context, k)
@@ -63,7 +67,9 @@ class _RequestState:
     def report(self) -> dict[str, Any]:
         if self.answer is None:
             return {}
-        return self.answer.report(self.answer_tokens)
+        report = self.answer.report(self.answer_tokens)
+        report.update(proposed_tokens=self.proposed_tokens, accepted_tokens=self.accepted_tokens)
+        return report
 
 
 def _verdict(last: Proposal | None, sampled: list[int]) -> tuple[str | None, int, int]:
