@@ -145,10 +145,10 @@ _PARAM_NAME = re.compile(r"invalid sampling parameter (\w+)=")
 _SPEC_FIELD = {"ssr": "selfspec.ssr", "cospec": "selfspec.cospec"}
 
 
-def _refuse(backend: ServingBackend, param: str, what: str) -> APIError:
+def _refuse(backend: ServingBackend, param: str, what: str, why: str = "") -> APIError:
     return APIError(
         400,
-        f"{what} is not supported with the {backend.capabilities.backend} backend",
+        f"{what} is not supported with the {backend.capabilities.backend} backend" + (f": {why}" if why else ""),
         param=param,
         code="unsupported_feature",
     )
@@ -171,8 +171,8 @@ def check_capabilities(
     """A 400 naming the first field that asks for what `backend` does not run."""
     caps = backend.capabilities
 
-    def refuse(param: str, what: str) -> APIError:
-        return _refuse(backend, param, what)
+    def refuse(param: str, what: str, why: str = "") -> APIError:
+        return _refuse(backend, param, what, why)
 
     if mode not in caps.modes:
         field = _SPEC_FIELD.get(mode, "selfspec.speculation")
@@ -180,7 +180,8 @@ def check_capabilities(
     unsupported = backend.unsupported_spec(spec) if spec is not None else None
     if unsupported is not None:
         name, why = unsupported
-        raise refuse(f"{_SPEC_FIELD.get(mode, 'selfspec.speculation')}.{name}", f"{name} ({why})")
+        param = f"{_SPEC_FIELD.get(mode, 'selfspec.speculation')}.{name}"
+        raise refuse(param, param, why)
     if not caps.structured_output:
         options, response_format = body.options, getattr(body, "response_format", None)
         asked = (
