@@ -111,6 +111,10 @@ class ServingBackend(ABC):
         """(field under `selfspec.`, why) for a method setting this backend does not run."""
         return None
 
+    def unsupported_params(self, params: Any) -> tuple[str, str] | None:
+        """(field, why) for a sampling parameter (`SamplingParams`) this backend does not honour."""
+        return None
+
     # ------------------------------------------------------------------ the engine thread
     @abstractmethod
     def admit(self, job: "EngineJob") -> Admission:

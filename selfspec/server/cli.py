@@ -393,6 +393,13 @@ def serve_command(
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
         typer.echo(f"error: could not load {model!r}: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    if backend == "vllm":
+        from selfspec.engine.sampling import SamplingParams
+
+        unsupported = llm.unsupported_params(SamplingParams(temperature=defaults.temperature))
+        if unsupported is not None:
+            typer.echo(f"error: --temperature {defaults.temperature:g} with --backend vllm: {unsupported[1]}", err=True)
+            raise typer.Exit(code=2)
     if arbitrator is not None:
         try:
             attach_cospec(llm, defaults, arbitrator, cospec_threshold, cospec_k)

