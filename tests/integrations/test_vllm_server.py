@@ -259,3 +259,14 @@ def test_a_stream_abandoned_mid_answer_frees_its_requests(server, backend):
         time.sleep(0.05)
     assert backend.engine.num_vllm_requests == 0
     assert metrics(server)["selfspec_requests_aborted_total"] >= 1
+
+
+def test_tools_are_rendered_by_the_template(server, plain_vllm):
+    """`tools` with tool_choice auto: the prompt holds them (as vLLM's own prompt of the same messages)."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "add 2 and 3"}]
+    body = {"model": MODEL, "messages": messages, "tools": tools, "max_tokens": 8, "selfspec": {"thinking": False}}
+    response = post(server, body, "/v1/chat/completions")
+    assert response.status_code == 200, response.text
+    expected = plain_vllm.encode_prompt(messages, thinking=False, tools=tools)
+    assert response.json()["usage"]["prompt_tokens"] == len(expected) > len(plain_vllm.encode_prompt(messages, False))
