@@ -32,7 +32,7 @@ $(VLLM_VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[vllm]' pytest pytest-timeout
+	$(VPY) -m pip install -q -e '.[vllm]' pytest pytest-timeout scipy
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 

@@ -30,7 +30,7 @@ from selfspec.spec.base import MethodConfig, MethodContext
 from selfspec.spec.distilled_draft import load_draft_spec
 from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
 from selfspec.spec.suffix import GlobalSuffixHistory
-from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
+from selfspec.thinking.format import ThinkingFormat, encode_prompt, thinking_enabled
 from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
 
 Prompt = str | list[dict] | list[int]
@@ -192,17 +192,8 @@ class LLM:
     ) -> list[int]:
         """Token ids for a prompt: raw ids pass through; text/messages go through the chat template
         (with `tools`, OpenAI function definitions, rendered by the template)."""
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if self.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; pass token ids instead")
-        if isinstance(prompt, str) and not prompt.strip():
-            raise ValueError("empty prompt")
-        if isinstance(prompt, list) and not prompt:
-            raise ValueError("empty prompt: no messages")
-        fmt = self.thinking_format
         enable = self._thinking_enabled(thinking)
-        return build_prompt_ids(self.tokenizer, prompt, fmt, enable_thinking=enable, tools=tools)
+        return encode_prompt(self.tokenizer, prompt, self.thinking_format, enable_thinking=enable, tools=tools)
 
     def thinking_enabled(self, thinking: bool | None) -> bool:
         """Whether a request asking `thinking` (None: the model's default) thinks first; its
@@ -210,12 +201,7 @@ class LLM:
         return self._thinking_enabled(thinking)
 
     def _thinking_enabled(self, thinking: bool | None) -> bool:
-        fmt = self.thinking_format
-        if fmt is None or fmt.kind == "none":
-            return False
-        if thinking is None:
-            return fmt.kind == "native" or getattr(self, "thinks_by_default", False)
-        return thinking
+        return thinking_enabled(self.thinking_format, thinking, getattr(self, "thinks_by_default", False))
 
     @property
     def grammars(self):

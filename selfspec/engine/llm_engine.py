@@ -36,6 +36,22 @@ class PromptTooLongError(ValueError):
     """The prompt does not fit the engine's context."""
 
 
+def check_prompt_ids(prompt_ids: list[int], max_len: int, vocab_size: int) -> None:
+    """ValueError (PromptTooLongError for the length) unless the prompt can start a request:
+    non-empty, shorter than the context, every id in the vocabulary. Our engine and the vLLM
+    driver both check prompts with it."""
+    if not prompt_ids:
+        raise ValueError("empty prompt: at least one token is needed")
+    if len(prompt_ids) >= max_len:
+        raise PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens does not fit the context of {max_len} tokens "
+            "(at least one position must remain for the answer)"
+        )
+    bad = [t for t in prompt_ids if not (0 <= int(t) < vocab_size)]
+    if bad:
+        raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+
+
 @dataclass
 class StepEvent:
     """Tokens committed to one sequence in one step (for streaming)."""
@@ -139,16 +155,7 @@ class Engine:
         token from the same logits, so one prompt is prefilled once for all n samples.
         """
         params.validate()
-        if not prompt_ids:
-            raise ValueError("empty prompt: at least one token is needed")
-        if len(prompt_ids) >= self.max_len:
-            raise PromptTooLongError(
-                f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_len} tokens "
-                "(at least one position must remain for the answer)"
-            )
-        bad = [t for t in prompt_ids if not (0 <= int(t) < self.vocab_size)]
-        if bad:
-            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        check_prompt_ids(prompt_ids, self.max_len, self.vocab_size)
         seq = Sequence(
             request_id=request_id or uuid.uuid4().hex,
             token_ids=[int(t) for t in prompt_ids],

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible FastAPI app: `create_app(llm, config)`.
+"""The OpenAI-compatible FastAPI app: `create_app(llm, config)`, `llm` an `LLM` or any
+`backend.ServingBackend` (the vLLM one: `selfspec.integrations.vllm.serving`).
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
 GET /metrics. A request goes: auth -> body (size-capped, strictly validated) -> model
@@ -27,6 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from selfspec.server.backend import ServingBackend, as_backend
 from selfspec.server.choices import ChoiceOutput, chat_logprobs, completion_logprobs
 from selfspec.server.config import ServerConfig
 from selfspec.server.engine_loop import EngineLoop, Failed, LoopHooks
@@ -52,21 +54,22 @@ class _BodyAbandoned(Exception):
 class ServerState:
     """What the routes share: the engine loop, the planner, metrics and settings."""
 
-    def __init__(self, llm: Any, config: ServerConfig) -> None:
-        if llm.tokenizer is None:
+    def __init__(self, llm: ServingBackend | Any, config: ServerConfig) -> None:
+        backend = as_backend(llm)
+        if backend.tokenizer is None:
             raise ValueError("the server needs a model with a tokenizer")
-        self.llm = llm
+        self.backend = backend
         self.config = config
         self.metrics = ServerMetrics(config.served_model_names[0])
         self.engine_loop = EngineLoop(
-            llm,
+            backend,
             max_queue=config.max_queue,
             hooks=LoopHooks(on_stats=self.metrics.on_stats, on_aborted=self.metrics.on_aborted),
         )
-        self.planner = RequestPlanner(llm, config.defaults, config.request_timeout_s)
+        self.planner = RequestPlanner(backend, config.defaults, config.request_timeout_s)
         self.created = int(time.time())
         self._latency_ema: float | None = None
-        fmt = llm.thinking_format
+        fmt = backend.thinking_format
         self.start_marker = fmt.start_marker if fmt is not None else ""
         self.end_marker = fmt.end_marker if fmt is not None else ""
 
@@ -213,7 +216,7 @@ class ServerState:
 
     def _choice_output(self, plan: RequestPlan, thinking: bool, chat: bool) -> ChoiceOutput:
         text = ResponseText(
-            self.llm.tokenizer,
+            self.backend.tokenizer,
             thinking=thinking,
             split_reasoning=chat,
             start_marker=self.start_marker,
@@ -224,8 +227,8 @@ class ServerState:
 
     def _logprobs(self, chat: bool, entries: list) -> dict[str, Any]:
         if chat:
-            return chat_logprobs(self.llm.tokenizer, entries)
-        return completion_logprobs(self.llm.tokenizer, entries)
+            return chat_logprobs(self.backend.tokenizer, entries)
+        return completion_logprobs(self.backend.tokenizer, entries)
 
     async def _stream(
         self,
@@ -365,9 +368,10 @@ def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def create_app(llm: Any, config: ServerConfig | None = None) -> FastAPI:
-    """An app serving `llm`. The engine loop starts and stops with the app's lifespan."""
-    config = config or ServerConfig(served_model_names=[getattr(llm, "model_name", "selfspec")])
+def create_app(llm: ServingBackend | Any, config: ServerConfig | None = None) -> FastAPI:
+    """An app serving `llm` (an `LLM` or a backend). The engine loop starts and stops with the
+    app's lifespan."""
+    config = config or ServerConfig(served_model_names=[as_backend(llm).model_name])
     state = ServerState(llm, config)
 
     @asynccontextmanager
@@ -422,7 +426,7 @@ def create_app(llm: Any, config: ServerConfig | None = None) -> FastAPI:
             "object": "model",
             "created": state.created,
             "owned_by": "selfspec",
-            "max_model_len": state.llm.engine.max_len,
+            "max_model_len": state.backend.max_len,
         }
 
     @app.get("/v1/models")

@@ -6,7 +6,8 @@ Flags set the server's limits and the defaults every request inherits (SSR on/of
 draft budgets, CoT and answer caps); a request overrides them in its `selfspec` object.
 `--model tiny` serves a random-weight test model (no download, for load tests and demos
 of the HTTP layer only: its text is noise). `--arbitrator DIR` (with `--draft`, or the draft
-the checkpoint records) lets requests opt in to CoSpec, the one lossy mode.
+the checkpoint records) lets requests opt in to CoSpec, the one lossy mode. `--backend vllm`
+serves the same API over SSR on the pinned vLLM (`selfspec.integrations.vllm.serving`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # imported lazily: `selfspec --help` should not pay for torch
 TINY_MODEL = "tiny"
 _REUSE_MODES = ("off", "prefix", "suffix", "prefix+suffix")
 _SPECULATION_METHODS = ("suffix", "ngram")
+BACKENDS = ("selfspec", "vllm")
 
 
 def load_llm(
@@ -59,6 +61,48 @@ def load_llm(
         seconds = runner.warm_up_graphs(list(buckets.batch), list(buckets.tokens), runner.max_len)
         print(f"selfspec: CUDA graphs captured for {len(runner.static.forwards)} shapes in {seconds:.1f}s", flush=True)
     return llm
+
+
+def parse_vllm_args(pairs: list[str]) -> dict[str, Any]:
+    """`--vllm-arg KEY=VALUE` pairs as keyword arguments (VALUE read as JSON when it parses:
+    `true`, `268435456`, `{"a": 1}`; else kept as a string)."""
+    import json
+
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"--vllm-arg {pair!r}: write KEY=VALUE (an EngineArgs field, e.g. enforce_eager=true)")
+        try:
+            args[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            args[key.strip()] = value
+    return args
+
+
+def check_backend_flags(
+    backend: str, vllm_args: list[str], *, draft: str | None, arbitrator: Path | None, speculation: str | None
+) -> dict[str, Any]:
+    """Validate `--backend` and the flags that depend on it before any model loads; the vLLM
+    engine arguments. ValueError names the flag; `VLLMUnsupportedError` says how to install vLLM."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "vllm":
+        if vllm_args:
+            raise ValueError("--vllm-arg needs --backend vllm")
+        return {}
+    given = [
+        flag
+        for flag, value in (("--draft", draft), ("--arbitrator", arbitrator), ("--speculation", speculation))
+        if value
+    ]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not supported with --backend vllm (it serves plain decoding and SSR)")
+    args = parse_vllm_args(vllm_args)
+    from selfspec.integrations.vllm.compat import check_vllm
+
+    check_vllm()
+    return args
 
 
 def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: int) -> None:
@@ -269,6 +313,15 @@ def serve_command(
     ),
     cospec_k: int = typer.Option(25, help="CoSpec default: draft tokens per round (1..64)."),
     log_level: str = typer.Option("info", help="uvicorn log level: critical | error | warning | info | debug."),
+    backend: str = typer.Option(
+        "selfspec",
+        help="selfspec (this package's engine) | vllm (SSR over the pinned vLLM: the [vllm] extra; --model is a local HF directory).",
+    ),
+    vllm_arg: Optional[list[str]] = typer.Option(
+        None,
+        "--vllm-arg",
+        help="With --backend vllm: KEY=VALUE for vllm.EngineArgs or num_speculative_tokens (VALUE as JSON), e.g. enforce_eager=true. Repeat.",
+    ),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, streaming, /metrics)."""
     try:
@@ -308,16 +361,45 @@ def serve_command(
             defaults=defaults,
         )
         check_listen_address(host, port, log_level)
-    except ValueError as exc:
+        engine_args = check_backend_flags(
+            backend, list(vllm_arg or []), draft=draft, arbitrator=arbitrator, speculation=speculation
+        )
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: VLLMUnsupportedError (vLLM missing or untested)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        llm = load_llm(
-            model, device=device, dtype=dtype, num_slots=num_slots, max_len=max_len, draft=draft, tokenizer=tokenizer
-        )
-    except (ValueError, FileNotFoundError, OSError) as exc:
+        if backend == "vllm":
+            from selfspec.integrations.vllm.serving import VLLMBackend
+
+            llm = VLLMBackend.load(
+                model,
+                name=config.served_model_names[0],
+                num_slots=num_slots,
+                max_len=max_len,
+                dtype=dtype,
+                tokenizer=tokenizer,
+                **engine_args,
+            )
+        else:
+            llm = load_llm(
+                model,
+                device=device,
+                dtype=dtype,
+                num_slots=num_slots,
+                max_len=max_len,
+                draft=draft,
+                tokenizer=tokenizer,
+            )
+    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
         typer.echo(f"error: could not load {model!r}: {exc}", err=True)
         raise typer.Exit(code=2) from None
+    if backend == "vllm":
+        from selfspec.engine.sampling import SamplingParams
+
+        unsupported = llm.unsupported_params(SamplingParams(temperature=defaults.temperature))
+        if unsupported is not None:
+            typer.echo(f"error: --temperature {defaults.temperature:g} with --backend vllm: {unsupported[1]}", err=True)
+            raise typer.Exit(code=2)
     if arbitrator is not None:
         try:
             attach_cospec(llm, defaults, arbitrator, cospec_threshold, cospec_k)
@@ -326,9 +408,11 @@ def serve_command(
             raise typer.Exit(code=2) from None
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = create_app(llm, config)
+    context = llm.max_len if backend == "vllm" else llm.engine.max_len
     typer.echo(
-        f"serving {config.served_model_names} ({llm.engine.max_len}-token context, {num_slots} slots) "
-        f"on http://{host}:{port}/v1"
+        f"serving {config.served_model_names} ({context}-token context, {num_slots} slots"
+        + (", vLLM" if backend == "vllm" else "")
+        + f") on http://{host}:{port}/v1"
         + (" (API key required)" if api_key else "")
         + (f"; CoSpec (lossy) on request, default threshold {cospec_threshold:g}" if arbitrator is not None else "")
     )

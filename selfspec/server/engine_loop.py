@@ -1,8 +1,8 @@
 """The one thread that drives the engine, shared by every HTTP request.
 
 The engine is not thread-safe and batches best when every request joins the same steps
-(continuous batching), so exactly one thread owns the `LLM`: it admits jobs, runs
-`Engine.step()`, and publishes each request's progress. HTTP handlers never touch the
+(continuous batching), so exactly one thread owns the backend (`backend.ServingBackend`: our
+`LLM`, or vLLM): it admits jobs, steps the engine, and publishes each request's progress. HTTP handlers never touch the
 engine: they hand a job over through `submit` (thread-safe, bounded: a full queue raises
 `QueueFullError`, which the app turns into 429) and read updates from their own
 `asyncio.Queue`, filled from this thread with `loop.call_soon_threadsafe`. Cancellation
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from selfspec.engine.sampling import SamplingParams
-from selfspec.engine.sequence import Sequence
-from selfspec.thinking.policy import ThinkingLimits, ThinkingPolicy
+from selfspec.server.backend import ServingBackend, as_backend
+from selfspec.thinking.policy import ThinkingLimits
 
 log = logging.getLogger("selfspec.server")
 
@@ -129,10 +129,10 @@ class LoopStats:
 
 @dataclass
 class _Live:
-    seqs: list[Sequence]  # the request's samples (n > 1: the first one's siblings follow it)
+    samples: list[Any]  # the backend's handles of the request's samples (choice 0 first)
     sink: UpdateSink
     thinking: bool
-    published: list[int] = field(default_factory=list)  # per sample, length of token_ids already sent
+    published: list[int] = field(default_factory=list)  # per sample, length of its token ids already sent
 
 
 @dataclass
@@ -144,14 +144,13 @@ class LoopHooks:
 
 
 class EngineLoop:
-    """Owns the LLM; runs its engine in one background thread."""
+    """Owns the backend (an `LLM` is wrapped in a `LocalBackend`); steps it in one background thread."""
 
-    def __init__(self, llm: Any, *, max_queue: int, hooks: LoopHooks | None = None) -> None:
+    def __init__(self, backend: ServingBackend | Any, *, max_queue: int, hooks: LoopHooks | None = None) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
-        self.llm = llm
-        self.engine = llm.engine
-        self.capacity = self.engine.config.num_slots + max_queue
+        self.backend = as_backend(backend)
+        self.capacity = self.backend.num_slots + max_queue
         self.hooks = hooks or LoopHooks()
         self._cond = threading.Condition()
         self._inbox: deque[EngineJob] = deque()
@@ -160,7 +159,7 @@ class EngineLoop:
         self._live: dict[str, _Live] = {}  # engine thread only
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.stats = LoopStats(slots_total=self.engine.config.num_slots)
+        self.stats = LoopStats(slots_total=self.backend.num_slots)
         self.failures = 0  # loop iterations that raised (their requests got a 500)
 
     # ------------------------------------------------------------------ any thread
@@ -209,7 +208,7 @@ class EngineLoop:
     def _iterate(self) -> bool:
         """One iteration: take new jobs and aborts, step, publish. False once stopping."""
         with self._cond:
-            while not (self._stopping or self._inbox or self._aborts or self.engine.has_unfinished()):
+            while not (self._stopping or self._inbox or self._aborts or self.backend.has_unfinished()):
                 self._cond.wait()
             if self._stopping:
                 return False
@@ -225,8 +224,8 @@ class EngineLoop:
                 else:
                     self._admit(job)
             self._apply_aborts(aborts)
-            if self.engine.has_unfinished():
-                self.engine.step()
+            if self.backend.has_unfinished():
+                self.backend.step()
             self._publish()
         except Exception:  # noqa: BLE001 - a failed step must not hang every client, nor stop the server
             log.exception("engine loop iteration failed; failing the live requests")
@@ -236,15 +235,7 @@ class EngineLoop:
 
     def _admit(self, job: EngineJob) -> None:
         try:
-            seq = self.llm.submit(
-                job.prompt_ids,
-                job.params,
-                spec=job.spec,
-                limits=job.limits,
-                thinking=job.thinking,
-                request_id=job.request_id,
-                grammar=job.grammar,
-            )
+            admitted = self.backend.admit(job)
         except ValueError as exc:  # PromptTooLongError, InvalidSamplingParams, bad limits
             self._release()
             job.sink.put(Failed(str(exc), client_error=True))
@@ -256,18 +247,17 @@ class EngineLoop:
                 Failed(f"internal error while submitting the request: {type(exc).__name__}", client_error=False)
             )
             return
-        policy = seq.policy
-        thinking = isinstance(policy, ThinkingPolicy) and policy.thinking
-        seqs = [seq, *seq.siblings]
-        self._live[job.request_id] = _Live(seqs, job.sink, thinking, [s.prompt_len for s in seqs])
-        job.sink.put(Accepted(prompt_tokens=seq.prompt_len, thinking=thinking))
+        samples, thinking = admitted.samples, admitted.thinking
+        published = [self.backend.tokens(sample, 0).start for sample in samples]
+        self._live[job.request_id] = _Live(samples, job.sink, thinking, published)
+        job.sink.put(Accepted(prompt_tokens=admitted.prompt_tokens, thinking=thinking))
 
     def _apply_aborts(self, aborts: dict[str, str]) -> None:
         for request_id, reason in aborts.items():
             live = self._live.pop(request_id, None)
             if live is None:  # already finished (its result raced the abort)
                 continue
-            self.engine.abort_request(request_id)
+            self.backend.abort(request_id)
             self._release()
             self.hooks.on_aborted(reason)
 
@@ -278,19 +268,21 @@ class EngineLoop:
         after its response sees its slot freed.
         """
         done: list[tuple[_Live, Update]] = []
+        backend = self.backend
         for request_id, live in list(self._live.items()):
-            for index, seq in enumerate(live.seqs):
-                length, sent = len(seq.token_ids), live.published[index]
+            finished = True
+            for index, sample in enumerate(live.samples):
+                sent = live.published[index]
+                tokens = backend.tokens(sample, sent)
+                length = len(tokens.ids)
                 if length > sent:
-                    logprobs = None
-                    if seq.params.logprobs is not None:
-                        logprobs = seq.logprobs[sent - seq.prompt_len : length - seq.prompt_len]
-                    answer_start = self._answer_start(live, seq)
-                    live.sink.put(Progress(seq.token_ids[sent:length], answer_start, index, logprobs))
+                    answer_start = self._answer_start(live, sample)
+                    live.sink.put(Progress(tokens.ids[sent:length], answer_start, index, tokens.logprobs))
                     live.published[index] = length
-            if all(seq.is_finished for seq in live.seqs):
+                finished = finished and tokens.finished
+            if finished:
                 try:
-                    first, *others = [self._finished(live, seq, i) for i, seq in enumerate(live.seqs)]
+                    first, *others = [self._finished(live, sample, i) for i, sample in enumerate(live.samples)]
                     first.others = others
                     final: Update = first
                 except Exception:  # noqa: BLE001 - one request's failure must not stop the loop
@@ -303,20 +295,17 @@ class EngineLoop:
         for live, finished in done:
             live.sink.put(finished)
 
-    def _answer_start(self, live: _Live, seq: Sequence) -> int | None:
-        if not live.thinking:
-            return None
-        start = seq.policy.metrics.answer_start
-        return None if start is None else start - seq.prompt_len
+    def _answer_start(self, live: _Live, sample: Any) -> int | None:
+        return self.backend.answer_start(sample) if live.thinking else None
 
-    def _finished(self, live: _Live, seq: Sequence, index: int) -> Finished:
-        result = self.llm.result(seq)
+    def _finished(self, live: _Live, sample: Any, index: int) -> Finished:
+        result = self.backend.result(sample)
         timings = result.timings
         return Finished(
             index=index,
             logprobs=result.logprobs,
             output_ids=list(result.token_ids),
-            answer_start=self._answer_start(live, seq),
+            answer_start=self._answer_start(live, sample),
             finish_reason=result.finish_reason,
             finish_detail=result.finish_detail,
             metrics=dict(result.metrics),
@@ -333,7 +322,7 @@ class EngineLoop:
         """Cancel every live request in the engine (best effort) and fail it."""
         for request_id in list(self._live):
             try:
-                self.engine.abort_request(request_id)
+                self.backend.abort(request_id)
             except Exception:  # noqa: BLE001 - the engine may be what failed
                 log.exception("could not abort request %s", request_id)
         self._fail_all(message)
@@ -352,16 +341,16 @@ class EngineLoop:
             job.sink.put(Failed(message, client_error=False))
 
     def _refresh_stats(self) -> None:
-        engine = self.engine
+        counts = self.backend.counts()
         with self._cond:
             queued = len(self._inbox)
             in_flight = self._in_flight
         self.stats = LoopStats(
-            waiting=engine.num_waiting + queued,
-            running=engine.num_running,
-            slots_in_use=engine.scheduler.slots.num_used,
-            slots_total=engine.config.num_slots,
+            waiting=counts.waiting + queued,
+            running=counts.running,
+            slots_in_use=counts.slots_in_use,
+            slots_total=counts.slots_total,
             in_flight=in_flight,
-            steps=engine.steps,
+            steps=counts.steps,
         )
         self.hooks.on_stats(self.stats)

@@ -4,8 +4,10 @@ Everything a client can get wrong is checked here, before the request reaches th
 engine thread, and raised as a 400 that names the field: the prompt (empty, unknown
 roles, longer than the context), `max_tokens` beyond the room the context leaves, token
 ids outside the vocabulary, SSR options that do not validate once merged over the
-server's defaults, CoSpec asked of a server without an arbitrator or with sampling. Runs in a worker thread (tokenizing and chat templates take time);
-it reads the tokenizer and the engine's sizes, never the engine's state.
+server's defaults, CoSpec asked of a server without an arbitrator or with sampling, and any
+feature the backend does not run (`backend.Capabilities`). Runs in a worker thread (tokenizing
+and chat templates take time); it reads the tokenizer and the engine's sizes, never the
+engine's state.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from selfspec.config import parse_baseline_spec
 from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
+from selfspec.server.backend import ServingBackend, as_backend
 from selfspec.server.config import RequestDefaults
 from selfspec.server.errors import APIError, from_validation_error
 from selfspec.server.schemas import ChatCompletionRequest, CompletionRequest, CoSpecOptions, SelfspecOptions
@@ -139,26 +142,88 @@ def resolve_limits(options: SelfspecOptions, defaults: RequestDefaults) -> Think
 _PARAM_NAME = re.compile(r"invalid sampling parameter (\w+)=")
 
 
-class RequestPlanner:
-    """Builds `RequestPlan`s for one LLM under the server's defaults."""
+_SPEC_FIELD = {"ssr": "selfspec.ssr", "cospec": "selfspec.cospec"}
 
-    def __init__(self, llm: Any, defaults: RequestDefaults, request_timeout_s: float) -> None:
-        self.llm = llm
-        self.tokenizer = llm.tokenizer
+
+def _refuse(backend: ServingBackend, param: str, what: str, why: str = "") -> APIError:
+    return APIError(
+        400,
+        f"{what} is not supported with the {backend.capabilities.backend} backend" + (f": {why}" if why else ""),
+        param=param,
+        code="unsupported_feature",
+    )
+
+
+def resolve_for(
+    body: ChatCompletionRequest | CompletionRequest, defaults: RequestDefaults, backend: ServingBackend
+) -> tuple[Spec, str]:
+    """`resolve_spec`, then a 400 naming the first field that asks for what `backend` does not run."""
+    if body.options.cospec not in (None, False) and "cospec" not in backend.capabilities.modes:
+        raise _refuse(backend, "selfspec.cospec", "CoSpec")
+    spec, mode = resolve_spec(body.options, defaults)
+    check_capabilities(body, mode, spec, backend)
+    return spec, mode
+
+
+def check_capabilities(
+    body: ChatCompletionRequest | CompletionRequest, mode: str, spec: Spec, backend: ServingBackend
+) -> None:
+    """A 400 naming the first field that asks for what `backend` does not run."""
+    caps = backend.capabilities
+
+    def refuse(param: str, what: str, why: str = "") -> APIError:
+        return _refuse(backend, param, what, why)
+
+    if mode not in caps.modes:
+        field = _SPEC_FIELD.get(mode, "selfspec.speculation")
+        raise refuse(field, "CoSpec" if mode == "cospec" else f"speculation mode {mode!r}")
+    unsupported = backend.unsupported_spec(spec) if spec is not None else None
+    if unsupported is not None:
+        name, why = unsupported
+        param = f"{_SPEC_FIELD.get(mode, 'selfspec.speculation')}.{name}"
+        raise refuse(param, param, why)
+    if not caps.structured_output:
+        options, response_format = body.options, getattr(body, "response_format", None)
+        asked = (
+            (
+                "response_format",
+                "structured output (response_format)",
+                response_format is not None and response_format.type != "text",
+            ),
+            ("tool_choice", "a forced tool call", isinstance(body, ChatCompletionRequest) and body.calls_forced),
+            ("selfspec.regex", "structured output (selfspec.regex)", options.regex is not None),
+            ("selfspec.grammar", "structured output (selfspec.grammar)", options.grammar is not None),
+        )
+        for param, what, wanted in asked:
+            if wanted:
+                raise refuse(param, what)
+    if not caps.logprobs and body.logprobs_count is not None:
+        raise refuse("logprobs", "logprobs")
+    if body.n > caps.max_n:
+        raise refuse("n", f"n > {caps.max_n}")
+    if not caps.min_tokens and body.min_tokens:
+        raise refuse("min_tokens", "min_tokens")
+
+
+class RequestPlanner:
+    """Builds `RequestPlan`s for one backend (or `LLM`) under the server's defaults."""
+
+    def __init__(self, backend: ServingBackend | Any, defaults: RequestDefaults, request_timeout_s: float) -> None:
+        self.backend = backend = as_backend(backend)
+        self.tokenizer = backend.tokenizer
         self.defaults = defaults
         self.request_timeout_s = request_timeout_s
-        self.max_len = llm.engine.max_len
-        self.vocab_size = llm.engine.vocab_size
+        self.max_len = backend.max_len
+        self.vocab_size = backend.vocab_size
 
     # ------------------------------------------------------------------ entry points
     def plan_chat(self, body: ChatCompletionRequest) -> RequestPlan:
-        options = body.options
-        spec, mode = resolve_spec(options, self.defaults)
+        spec, mode = resolve_for(body, self.defaults, self.backend)
         thinking = self._thinking(body.requested_thinking, spec)
-        rules = output_rules(self.llm, body)
+        rules = output_rules(self.backend, body)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.uses_tools else None
         try:
-            prompt_ids = self.llm.encode_prompt(body.template_messages(), thinking=thinking, tools=tools)
+            prompt_ids = self.backend.encode_prompt(body.template_messages(), thinking=thinking, tools=tools)
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages") from None
         except Exception as exc:  # noqa: BLE001 - a template/tokenizer rejecting this input
@@ -168,13 +233,13 @@ class RequestPlanner:
 
     def plan_completion(self, body: CompletionRequest) -> RequestPlan:
         options = body.options
-        spec, mode = resolve_spec(options, self.defaults)
+        spec, mode = resolve_for(body, self.defaults, self.backend)
         # A raw completion continues the text as given: no thinking unless asked for.
         requested = options.thinking
         if requested is None and spec is None:
             requested = False
         thinking = self._thinking(requested, spec)
-        rules = output_rules(self.llm, body)
+        rules = output_rules(self.backend, body)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -268,6 +333,10 @@ class RequestPlanner:
         except InvalidSamplingParams as exc:
             match = _PARAM_NAME.search(str(exc))
             raise APIError(400, str(exc), param=match.group(1) if match else None) from None
+        unsupported = self.backend.unsupported_params(params)
+        if unsupported is not None:
+            name, why = unsupported
+            raise _refuse(self.backend, name, name, why)
         if mode == "cospec" and not params.greedy:
             raise APIError(
                 400,
@@ -278,7 +347,9 @@ class RequestPlanner:
             from selfspec.engine.grammar import GrammarError
 
             try:  # here, in the worker thread: compiling a big schema must not stall the engine thread
-                rules.grammar = self.llm.grammars.compile(rules.grammar, gated=self.llm.thinking_enabled(thinking))
+                rules.grammar = self.backend.grammars.compile(
+                    rules.grammar, gated=self.backend.thinking_enabled(thinking)
+                )
             except GrammarError as exc:
                 raise APIError(400, str(exc), param="response_format", code="invalid_grammar") from None
         if mode == "cospec" and (rules.grammar is not None or params.n > 1):

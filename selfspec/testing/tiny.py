@@ -328,11 +328,15 @@ def save_tiny_model_dir(
     hidden: int = 64,
     sliding_window: int | None = None,
     dtype: torch.dtype = torch.float32,
+    zero_attention: bool = False,
 ) -> Path:
     """Write a tiny model + `tiny_tokenizer()` as a local HF directory (safetensors).
 
     The config and generation config carry the tokenizer's eos/pad ids, like a real
-    checkpoint, so loaders and stop conditions can be tested against it.
+    checkpoint, so loaders and stop conditions can be tested against it. `zero_attention`
+    zeroes every attention output projection: each position's logits then depend on its own
+    token only (a bigram model), so an answer after the end-of-thinking marker does not depend
+    on the CoT and SSR's drafts match, as a real thinker's do (the vLLM tests and benchmark).
     """
     target = Path(path)
     tokenizer = tiny_tokenizer()
@@ -347,6 +351,10 @@ def save_tiny_model_dir(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    if zero_attention:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)

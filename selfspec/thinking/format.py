@@ -349,6 +349,40 @@ def build_prompt_ids(
     return list(tokenizer.encode(text, add_special_tokens=raw))
 
 
+def thinking_enabled(fmt: ThinkingFormat | None, thinking: bool | None, default: bool = False) -> bool:
+    """Whether a request asking `thinking` thinks first. None: the model's default, which is
+    to think for a native format (or `default`, e.g. an adapter trained to think); a model
+    without a thinking format never does."""
+    if fmt is None or fmt.kind == "none":
+        return False
+    if thinking is None:
+        return fmt.kind == "native" or default
+    return thinking
+
+
+def encode_prompt(
+    tokenizer: Any,
+    prompt: str | Sequence[dict] | Sequence[int],
+    fmt: ThinkingFormat | None,
+    *,
+    enable_thinking: bool,
+    tools: list[dict] | None = None,
+) -> list[int]:
+    """A request's prompt ids: token ids pass through; text and messages go through
+    `build_prompt_ids`. ValueError for an empty prompt, or text without a tokenizer."""
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    if tokenizer is None:
+        raise ValueError("text prompts need a tokenizer; pass token ids instead")
+    if isinstance(prompt, str) and not prompt.strip():
+        raise ValueError("empty prompt")
+    if isinstance(prompt, list) and not prompt:
+        raise ValueError("empty prompt: no messages")
+    return build_prompt_ids(
+        tokenizer, prompt, fmt or ThinkingFormat.none(), enable_thinking=enable_thinking, tools=tools
+    )
+
+
 def generation_starts_in_thinking(fmt: ThinkingFormat, enable_thinking: bool = True) -> bool:
     """Whether the first generated token is inside a thinking block.
 

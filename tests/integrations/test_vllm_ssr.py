@@ -10,7 +10,6 @@ prefix > 0, suffix runs). Each vLLM engine takes ~20 s to build, so they are mod
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -18,7 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 from selfspec.engine.sampling import SamplingParams  # noqa: E402
 from selfspec.integrations.vllm.engine import VLLMEngine  # noqa: E402
 from selfspec.spec.ssr_core import SSRConfig  # noqa: E402
-from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer  # noqa: E402
+from selfspec.testing.tiny import save_tiny_model_dir  # noqa: E402
 from selfspec.thinking.policy import ThinkingLimits  # noqa: E402
 
 PROMPTS = [
@@ -45,19 +44,10 @@ ENGINE_ARGS = dict(
 
 
 def _save(path, which: str):
+    """The random Qwen3, or the bigram Llama (attention output zeroed)."""
     if which == "random":
         return save_tiny_model_dir(path, "qwen3", seed=3, hidden=128)
-    tok = tiny_tokenizer()
-    model = tiny_model(
-        "llama", len(tok), seed=5, hidden=128, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    )
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_model_dir(path, "llama", seed=5, hidden=128, zero_attention=True)
 
 
 @pytest.fixture(scope="module", params=["bigram", "random"])

