@@ -99,10 +99,17 @@ def check_backend_flags(
     if given:
         raise ValueError(f"{', '.join(given)}: not supported with --backend vllm (it serves plain decoding and SSR)")
     args = parse_vllm_args(vllm_args)
-    from selfspec.integrations.vllm.compat import check_vllm
-
-    check_vllm()
+    _backend_module("compat").check_vllm()
     return args
+
+
+def _backend_module(name: str):
+    """A module of the vLLM integration, looked up by name: the integration implements this
+    package's `backend.ServingBackend`, so it sits a layer above the server and the server never
+    imports it statically (only `selfspec serve --backend vllm` loads it, at run time)."""
+    import importlib
+
+    return importlib.import_module(f"selfspec.integrations.vllm.{name}")
 
 
 def check_cospec_flags(arbitrator: Path | None, threshold: float, num_tokens: int) -> None:
@@ -369,9 +376,7 @@ def serve_command(
         raise typer.Exit(code=2) from None
     try:
         if backend == "vllm":
-            from selfspec.integrations.vllm.serving import VLLMBackend
-
-            llm = VLLMBackend.load(
+            llm = _backend_module("serving").VLLMBackend.load(
                 model,
                 name=config.served_model_names[0],
                 num_slots=num_slots,
