@@ -8,10 +8,10 @@ queueing when slots run out, and chunked prefill.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.sampling import SamplingParams
+from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import tiny_model
 
 VOCAB = 128
@@ -25,30 +25,14 @@ def model(request):
 
 
 def reference(model, prompt: list[int], n: int) -> list[int]:
-    """Greedy continuation by transformers' own generate (no EOS: exactly n tokens)."""
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return greedy_reference(model, prompt, n)
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
-def run(engine: Engine, seqs) -> None:
-    guard = 0
-    while not all(s.is_finished for s in seqs):
-        engine.step()
-        guard += 1
-        assert guard < 10_000
+run = run_to_finish
 
 
 def make_engine(model, **kw) -> Engine:

@@ -17,6 +17,7 @@ from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
+from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
 VOCAB = 128
@@ -40,34 +41,17 @@ def references(model):
     def reference(prompt: list[int], n: int) -> list[int]:
         key = (tuple(prompt), n)
         if key not in cache:
-            ids = torch.tensor([prompt])
-            with torch.inference_mode():
-                out = model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),  # a 0 in the context is a token, not padding
-                    max_new_tokens=n,
-                    min_new_tokens=n,
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-            cache[key] = out[0, len(prompt) :].tolist()
+            cache[key] = greedy_reference(model, prompt, n)
         return cache[key]
 
     return reference
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
-def run(engine: Engine, seqs) -> None:
-    guard = 0
-    while not all(s.is_finished for s in seqs):
-        engine.step()
-        guard += 1
-        assert guard < 5_000
+run = run_to_finish
 
 
 def make_engine(model, **kw) -> Engine:

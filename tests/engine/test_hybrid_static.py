@@ -23,6 +23,7 @@ from selfspec.engine.state_cache import SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
+from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 
@@ -41,23 +42,11 @@ def model(request):
 
 
 def reference(model, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),  # a 0 in the context is a token, not padding
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return greedy_reference(model, prompt, n)
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
 def make_engine(model, static: bool, buckets: GraphBuckets = BUCKETS, **kw) -> Engine:
@@ -68,12 +57,7 @@ def make_engine(model, static: bool, buckets: GraphBuckets = BUCKETS, **kw) -> E
     return Engine(model, None, cfg, eos_token_ids=[])
 
 
-def run(engine: Engine, seqs) -> None:
-    for _ in range(5_000):
-        if all(s.is_finished for s in seqs):
-            return
-        engine.step()
-    raise AssertionError("did not finish")
+run = run_to_finish
 
 
 @pytest.mark.parametrize("lengths", [[11], [3, 17, 9, 30]], ids=["one-prompt", "four-prompts"])

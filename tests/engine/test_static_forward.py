@@ -18,6 +18,7 @@ from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
+from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 
@@ -33,24 +34,11 @@ def model(request):
 
 
 def reference(model, prompt: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        ids = torch.tensor([prompt])
-        # An explicit mask: token 0 inside a context is a real token here, not padding.
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return greedy_reference(model, prompt, n)
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+    return random_prompts(lengths, VOCAB, seed)
 
 
 def static_engine(model, **kw) -> Engine:
@@ -63,12 +51,7 @@ def decode_until(engine: Engine, seq, n: int) -> None:
         engine.step()
 
 
-def run(engine: Engine, seqs) -> None:
-    for _ in range(10_000):
-        if all(s.is_finished for s in seqs):
-            return
-        engine.step()
-    raise AssertionError("did not finish")
+run = run_to_finish
 
 
 def test_batch_crossing_key_buckets_matches_generate(model):

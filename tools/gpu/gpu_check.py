@@ -50,6 +50,7 @@ from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.engine.verify import VerifyResult
+from selfspec.testing.reference import greedy_reference
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
 RESULTS: list[dict] = []
@@ -61,18 +62,7 @@ def report(name: str, ok: bool, **detail) -> None:
 
 
 def generate_ref(model, prompt: list[int], n: int) -> list[int]:
-    ids = torch.tensor([prompt], device=model.device)
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
+    return greedy_reference(model, prompt, n)
 
 
 def run_all(engine: Engine, seqs) -> None:
