@@ -157,8 +157,9 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def shaped_model(name: str, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+def shaped_config(name: str):
+    """The transformers config of shape `name` (also what vLLM's dummy-weight runs load)."""
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     spec = dict(SHAPES[name])
     family = spec.pop("family")
@@ -180,6 +181,13 @@ def shaped_model(name: str, dtype: torch.dtype, device: str):
         config = Gemma4TextConfig(**spec)  # default layer types: every 6th layer full
     else:
         config = LlamaConfig(**spec)
+    return config
+
+
+def shaped_model(name: str, dtype: torch.dtype, device: str):
+    from transformers import AutoModelForCausalLM
+
+    config = shaped_config(name)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.eval().requires_grad_(False)

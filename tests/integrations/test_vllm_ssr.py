@@ -14,6 +14,8 @@ import pytest
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
+import torch  # noqa: E402
+
 from selfspec.engine.sampling import SamplingParams  # noqa: E402
 from selfspec.integrations.vllm.engine import VLLMEngine  # noqa: E402
 from selfspec.spec.ssr_core import SSRConfig  # noqa: E402
@@ -41,6 +43,8 @@ MODES = {
 ENGINE_ARGS = dict(
     dtype="float32", max_model_len=512, max_num_seqs=32, enforce_eager=True, kv_cache_memory_bytes=1 << 28
 )
+if torch.cuda.is_available():  # CUDA vLLM: several engines share one GPU, each asks for a fraction of it
+    ENGINE_ARGS["gpu_memory_utilization"] = 0.1
 
 
 def _save(path, which: str):

@@ -20,6 +20,12 @@ from selfspec_bench.runner import _limits, _params, token_hash
 VLLM_MODES = ("baseline", "prefix", "suffix", "prefix+suffix", "iterative")
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def run_vllm_bench(
     model: str,
     samples: Sequence[Any],
@@ -43,6 +49,8 @@ def run_vllm_bench(
         "max_num_seqs": 8,
         "max_model_len": 2048,
         "kv_cache_memory_bytes": 1 << 29,
+        # CUDA vLLM checks that this fraction of the GPU is free at start: the two engines share it.
+        **({"gpu_memory_utilization": 0.3} if _cuda() else {}),
         **(engine_args or {}),
     }
     base = VLLMEngine(model, speculation=False, **args)
