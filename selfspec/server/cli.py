@@ -99,8 +99,21 @@ def check_backend_flags(
     if given:
         raise ValueError(f"{', '.join(given)}: not supported with --backend vllm (it serves plain decoding and SSR)")
     args = parse_vllm_args(vllm_args)
+    for key, flag in _VLLM_ARGS_WITH_FLAGS.items():
+        if key in args:
+            raise ValueError(f"--vllm-arg {key}: set it with {flag} (serve passes it to vLLM)")
     _backend_module("compat").check_vllm()
     return args
+
+
+_VLLM_ARGS_WITH_FLAGS = {
+    "model": "--model",
+    "dtype": "--dtype",
+    "max_num_seqs": "--num-slots",
+    "max_model_len": "--max-len",
+    "tokenizer": "--tokenizer",
+}
+"""vLLM engine arguments that `serve` fills from its own flags: given twice, which one wins would be a guess."""
 
 
 def _backend_module(name: str):

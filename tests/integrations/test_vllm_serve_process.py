@@ -46,9 +46,10 @@ def wait_healthy(process: subprocess.Popen, url: str, log_path, seconds: float) 
 def test_serve_backend_vllm_process(tmp_path):
     model_dir = _save(tmp_path / "bigram", "bigram")
     port = free_port()
-    vllm_args = ["dtype=float32", "enforce_eager=true", "kv_cache_memory_bytes=268435456"]
+    vllm_args = ["enforce_eager=true", "kv_cache_memory_bytes=268435456"]
     command = [sys.executable, "-m", "selfspec.server", "--backend", "vllm", "--model", str(model_dir)]
     command += ["--served-model-name", "tiny", "--port", str(port), "--num-slots", "4", "--max-len", "512"]
+    command += ["--dtype", "float32"]
     command += ["--ssr", "--draft-budget", "8", "--max-draft-len", "24", "--cot-cap", "20", "--answer-cap", "24"]
     command += ["--log-level", "warning"]
     for arg in vllm_args:

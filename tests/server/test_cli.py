@@ -72,6 +72,8 @@ def test_every_option_has_help(cli):
         (["--backend", "vllm", "--speculation", "suffix"], "not supported with --backend vllm"),
         (["--backend", "vllm", "--draft", "layers:1"], "--draft"),
         (["--backend", "vllm", "--vllm-arg", "no equals sign"], "KEY=VALUE"),
+        (["--backend", "vllm", "--vllm-arg", "dtype=float32"], "set it with --dtype"),
+        (["--backend", "vllm", "--vllm-arg", "max_model_len=512"], "set it with --max-len"),
     ],
 )
 def test_bad_flags_exit_2_before_loading(cli, args, message):

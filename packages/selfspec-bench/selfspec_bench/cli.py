@@ -303,11 +303,15 @@ def _run_on_vllm(ctx, model, samples, modes, settings, budgets, out: Path, dtype
     """`--backend vllm`: one run per budget on two engines of the same vLLM (see vllm_backend)."""
     import json
 
+    import torch
+
     from selfspec.integrations.vllm.compat import VLLMUnsupportedError
-    from selfspec.run_info import library_versions
+    from selfspec.run_info import device_name, library_versions
     from selfspec_bench.vllm_backend import run_vllm_bench, summarize
 
-    meta = {"device": "cpu", "dtype": dtype, "date": time.strftime("%Y-%m-%d"), "versions": library_versions()}
+    # vLLM picks its platform itself (--device does not reach it): record the one it runs on.
+    device = device_name("cuda") if torch.cuda.is_available() else "cpu"
+    meta = {"device": device, "dtype": dtype, "date": time.strftime("%Y-%m-%d"), "versions": library_versions()}
     for budget in budgets:
         run_settings = dataclasses.replace(settings, draft_budget=budget)
         run_meta = {**meta, "command": _command_line({**ctx.params, "draft_budget": str(budget)})}
