@@ -463,6 +463,7 @@ class RouteFindingV2(RouteFinding):
         hop_lines = [hop_line(route[k], route_lines[k], route[k + 1]) for k in range(len(route_lines))]
         answer = "\n".join(hop_lines)
         prompt = self._v2_prompt(rng, listing, start, goal)
+        cot = self._reworded_cot(rng, listing, start, goal, route, cot)
         meta = {
             "lines": listing,
             "start": start,
@@ -495,6 +496,20 @@ class RouteFindingV2(RouteFinding):
 
     check_start = False
     """Version 3: every new hop is followed by its own start check (see `RouteFindingV3`)."""
+
+    def _reworded_cot(
+        self,
+        rng: random.Random,
+        listing: Mapping[str, Sequence[str]],
+        start: str,
+        goal: str,
+        route: Sequence[str],
+        cot: str,
+    ) -> str:
+        """The CoT as written, `cot`: versions 2 and 3 keep their fixed wording, so `rng` goes
+        unused. A version that rewords the CoT draws its phrasing from `rng` here, after the
+        prompt, and must find the same `route` (the answer)."""
+        return cot
 
     @classmethod
     def _v2_cot(cls, listing: Mapping[str, Sequence[str]], start: str, goal: str) -> tuple[str, list[str], list[str]]:
