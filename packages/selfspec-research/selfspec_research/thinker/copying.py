@@ -1,7 +1,7 @@
 """How much a chain of thought copies: from its own prompt, and from other items' CoTs.
 
     selfspec thinker copy-stats --data-version thinker-data-v3,thinker-data-v4 --items 50 --seed 1000
-    python -m selfspec_research.thinker.copying --data-version thinker-data-v4   (without the main CLI)
+    python -m selfspec_research.thinker.copying --data-version thinker-data-v4  # without the main CLI
 
 Copy-based speculation (prompt lookup, suffix decoding) is flattered by CoTs that restate
 their prompt word for word or reuse the same template sentences in every item: it proposes
@@ -175,6 +175,21 @@ def copy_stats_table(
     return format_table(rows, n, unit)
 
 
+def named_tokenizer(name: str) -> tuple[Any | None, str]:
+    """(tokenizer, unit) for `name`: "words" (whitespace-separated words, no tokenizer) or
+    "smollm2" (SmolLM2's tokenizer, the thinker's, from the converted model cache)."""
+    if name == "words":
+        return None, "words"
+    if name == "smollm2":
+        from selfspec_research.thinker.lengths import smollm2_tokenizer
+
+        tokenizer = smollm2_tokenizer()
+        if tokenizer is None:
+            raise ValueError("SmolLM2's tokenizer is not in the model cache (load `smollm2` once to convert it)")
+        return tokenizer, "SmolLM2 tokens"
+    raise ValueError(f"unknown tokenizer {name!r}: words or smollm2")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from selfspec_research.thinker.data_versions import DATA_VERSION, HELDOUT_SEED
 
@@ -184,10 +199,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--items", type=int, default=50, help="items per family")
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED)
     parser.add_argument("--ngram", type=int, default=NGRAM)
+    parser.add_argument("--tokenizer", default="words", choices=("words", "smollm2"))
     args = parser.parse_args(argv)
     families = args.families.split(",") if args.families else None
     versions = [version.strip() for version in args.data_version.split(",") if version.strip()]
-    print(copy_stats_table(versions, families, args.items, args.seed, args.ngram))
+    tokenizer, unit = named_tokenizer(args.tokenizer)
+    print(copy_stats_table(versions, families, args.items, args.seed, args.ngram, tokenizer, unit))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ the arithmetic must be exact, and the last result must be the target.
 
 Version 2 (`ArithmeticSearchV2`, in thinker-data-v2): three numbers 1-9 used in order and
 a complete search of at most 3 x 3 operations, each written with its result (see the
-comment before `ordered_search`). Both versions share the checker.
+comment before `ordered_search`). All versions share the checker. Version 3
+(`arithmetic_search_v3`, in thinker-data-v4) is version 2's items with the search worded
+differently from item to item.
 """
 
 from __future__ import annotations

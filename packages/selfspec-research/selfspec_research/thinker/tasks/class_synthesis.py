@@ -8,6 +8,9 @@ them. The checker runs generated unit tests on the answer in a subprocess.
 Expected test values come from running the *reference* class (our own template code,
 rendered from `class_concepts`) in this process; answers are only ever run by
 `pyexec`, in a separate time- and memory-limited process.
+
+Version 2 (`ClassSynthesisV2`, in thinker-data-v4, at the end of this module) is version 1's
+items with the CoT worded differently from item to item.
 """
 
 from __future__ import annotations

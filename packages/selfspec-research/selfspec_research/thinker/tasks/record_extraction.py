@@ -11,7 +11,9 @@ laid out by `record_documents`; the schemas, their values and messy forms are in
 Version 2 (`RecordExtractionV2`, in thinker-data-v2) is built for a very small model:
 3-6 records, a one-comparison filter on a requested column, few adverts, and a CoT in
 which every answer cell is a copy of a value written on the line above it (see the
-comment before `SimpleFilter`). Both versions share the checker.
+comment before `SimpleFilter`). All versions share the checker. Version 3
+(`record_extraction_v3`, in thinker-data-v4) is version 2's items with the CoT worded
+differently from item to item.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ the shortest.
 
 Version 2 (`RouteFindingV2`, in thinker-data-v2): 5-8 stations on 2-4 lines and a
 breadth-first search written out step by step, bounded by construction (see the comment
-before `build_small_network`). Both versions share the checker.
+before `build_small_network`). All versions share the checker. Version 3 adds a start
+check after every new hop; version 4 (`route_finding_v4`, in thinker-data-v4) is version 3's
+items with the search worded differently from item to item.
 """
 
 from __future__ import annotations
