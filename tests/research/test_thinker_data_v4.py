@@ -258,6 +258,7 @@ def test_copy_measure_counts_tokenizer_ids_and_answer_lines() -> None:
     assert stats["answer_line_share"] == share["third"]
     assert stats["prompt_copy"] == share["half"] and stats["prompt_copy_notes"] == 0.75
     assert stats["template_reuse"] == share["half"] and stats["template_reuse_notes"] == 0.75
+    assert stats["copyable"] == share["half"] and stats["copyable_notes"] == 0.75  # the same three words
 
 
 def test_v4_cots_copy_less_than_v3() -> None:
@@ -269,6 +270,7 @@ def test_v4_cots_copy_less_than_v3() -> None:
         assert new[family]["template_reuse"] < old[family]["template_reuse"], family
         assert new[family]["prompt_copy"] <= old[family]["prompt_copy"], family
         assert new[family]["prompt_copy_notes"] <= 0.1, family
+        assert new[family]["copyable"] < 0.8 * old[family]["copyable"], family
     assert old["route_finding"]["prompt_copy"] > 0.1 and new["route_finding"]["prompt_copy"] == 0.0
 
 
@@ -292,7 +294,7 @@ def test_wording_helpers() -> None:
     assert {spoken_list(random.Random(seed), ["a", "b", "c"]) for seed in range(30)} == {
         "a, b and c",
         "a, b, c",
-        "a; b; c",
+        "a, b, and c",
     }
 
 

@@ -102,7 +102,9 @@ def _reuse_marks(ids: Sequence[Sequence[Any]], n: int) -> list[list[bool]]:
 
 def copy_stats(items: Iterable[TaskItem], n: int = NGRAM, tokenizer: Any | None = None) -> dict[str, dict[str, Any]]:
     """Per family: items, mean CoT tokens, the share of CoT tokens on answer lines, and the
-    prompt-copy and template-reuse shares over all CoT tokens and over the notes alone.
+    prompt-copy and template-reuse shares over all CoT tokens and over the notes alone, and
+    the share that is either ("copyable": what a proposer holding the prompt and the other
+    items' CoTs could have copied).
 
     Shares are pooled over the family's CoT tokens (a long CoT weighs more than a short one),
     which is what a copying proposer meets when it reads the whole split.
@@ -122,6 +124,7 @@ def copy_stats(items: Iterable[TaskItem], n: int = NGRAM, tokenizer: Any | None 
             reused += marks
             answer += cot.in_answer
         notes = [not flag for flag in answer]
+        either = [a or b for a, b in zip(copied, reused)]
         table[family] = {
             "items": len(group),
             "cot_tokens": round(len(answer) / len(group), 1),
@@ -130,6 +133,8 @@ def copy_stats(items: Iterable[TaskItem], n: int = NGRAM, tokenizer: Any | None 
             "prompt_copy_notes": round(share(copied, notes), 4),
             "template_reuse": round(share(reused), 4),
             "template_reuse_notes": round(share(reused, notes), 4),
+            "copyable": round(share(either), 4),
+            "copyable_notes": round(share(either, notes), 4),
         }
     return table
 
@@ -142,15 +147,16 @@ def format_table(rows: dict[str, dict[str, dict[str, Any]]], n: int = NGRAM, uni
 
     lines = [
         f"| data version | family | items | CoT {unit} (mean) | on answer lines | prompt copy: all / notes "
-        f"| template reuse: all / notes |",
-        "|---|---|---|---|---|---|---|",
+        f"| template reuse: all / notes | either: all / notes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for version, families in rows.items():
         for family, s in families.items():
             lines.append(
                 f"| {version} | {family} | {s['items']} | {s['cot_tokens']:.0f} | {pct(s['answer_line_share'])} "
                 f"| {pct(s['prompt_copy'])} / {pct(s['prompt_copy_notes'])} "
-                f"| {pct(s['template_reuse'])} / {pct(s['template_reuse_notes'])} |"
+                f"| {pct(s['template_reuse'])} / {pct(s['template_reuse_notes'])} "
+                f"| {pct(s['copyable'])} / {pct(s['copyable_notes'])} |"
             )
     lines.append(f"({n}-grams of {unit}; shares pooled over each family's CoT tokens.)")
     return "\n".join(lines)

@@ -400,7 +400,7 @@ _V2_STATE = (
     # sentence is a template that other items repeat word for word.
     "`{cls}` keeps its state in {attrs}; no method calls another.",
     "State first: {attrs}. Then {names}, in that order.",
-    "Only {attrs} are shared, so each method of `{cls}` stands alone.",
+    "Only {attrs} {are} shared, so each method of `{cls}` stands alone.",
     "The methods read and write {attrs} and nothing else, so {names} can follow one by one.",
 )
 _V2_SKELETON = ("Skeleton:", "The class line and its docstring:", "Header first:", "It starts like this:")
@@ -464,10 +464,11 @@ class ClassSynthesisV2(ClassSynthesis):
     ) -> str:
         n = len(methods)
         names = spoken_list(rng, [f"`{method.spec.name}`" for method in methods])
-        attrs = spoken_list(rng, [f"`self.{name}`" for name in dict.fromkeys(re.findall(r"self\.(\w+)", init.body))])
+        state = [f"`self.{name}`" for name in dict.fromkeys(re.findall(r"self\.(\w+)", init.body))]
+        attrs = spoken_list(rng, state) or "nothing"
         blocks = [
             pick(rng, _V2_INTROS, cls=class_name, n=n, names=names),
-            pick(rng, _V2_STATE, cls=class_name, attrs=attrs or "nothing", names=names),
+            pick(rng, _V2_STATE, cls=class_name, attrs=attrs, names=names, are="is" if len(state) == 1 else "are"),
         ]
         header = _class_code(class_name, concept.summary, []).rstrip("\n")
         blocks.append(f"{rng.choice(_V2_SKELETON)}\n{header}")

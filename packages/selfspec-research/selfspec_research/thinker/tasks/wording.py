@@ -30,16 +30,14 @@ def shuffled(rng: random.Random, values: Sequence[T]) -> list[T]:
 
 def spoken_list(rng: random.Random, names: Sequence[str], last: str = "and") -> str:
     """`names` as one phrase, joined one of a few natural ways ("a, b and c", "a, b, c",
-    "a; b; c"); two names are always "a and b" (or `last` instead of "and")."""
+    "a, b, and c"); two names are always "a and b" (`last` instead of "and" if given)."""
     names = list(names)
     if len(names) <= 1:
         return "".join(names)
     style = 0 if len(names) == 2 else rng.randrange(3)
-    if style == 0:
-        return ", ".join(names[:-1]) + f" {last} " + names[-1]
     if style == 1:
         return ", ".join(names)
-    return "; ".join(names)
+    return ", ".join(names[:-1]) + ("," if style == 2 else "") + f" {last} " + names[-1]
 
 
 def capitalised(text: str) -> str:
