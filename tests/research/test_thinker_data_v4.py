@@ -323,3 +323,22 @@ def test_v4_reference_traces_do_not_loop() -> None:
     for item in DataSpec.for_version(DATA_VERSION_V4, seed=4, items_per_family=8).items():
         ids = tokenizer.encode(f"{item.cot}\n</think>\n\n{item.answer}", add_special_tokens=False)
         assert not has_loop(ids), item.uid
+
+
+def test_copy_stats_command_prints_a_table_per_family() -> None:
+    from typer.testing import CliRunner
+
+    from selfspec_research.thinker.cli import thinker_app
+
+    runner = CliRunner()
+    args = ["copy-stats", "--data-version", "thinker-data-v3,thinker-data-v4", "--items", "3"]
+    result = runner.invoke(thinker_app, [*args, "--families", "route_finding,arithmetic_search"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| thinker-data-")]
+    assert [row.split(" | ")[:2] for row in rows] == [
+        [f"| {version}", family]
+        for version in ("thinker-data-v3", "thinker-data-v4")
+        for family in ("route_finding", "arithmetic_search")
+    ]
+    unknown = runner.invoke(thinker_app, ["copy-stats", "--data-version", "thinker-data-v9"])
+    assert unknown.exit_code == 2 and "unknown data versions" in unknown.output
