@@ -1,4 +1,4 @@
-"""`selfspec thinker train` and `selfspec thinker eval`.
+"""`selfspec thinker train`, `selfspec thinker eval` and `selfspec thinker copy-stats`.
 
 The main CLI registers `thinker_app` as `selfspec thinker` through the `selfspec.commands`
 entry point; `python -m selfspec_research.thinker.cli train ...` runs the same commands
@@ -77,8 +77,8 @@ def _data_spec(
 
 _DATA_VERSION_HELP = (
     "Built-in data version: thinker-data-v1 (the default), thinker-data-v2 (record extraction, route "
-    "finding and arithmetic search version 2) or thinker-data-v3 (v2 with route finding version 3); with "
-    "--knobs, the name of the custom data."
+    "finding and arithmetic search version 2), thinker-data-v3 (v2 with route finding version 3) or "
+    "thinker-data-v4 (v3's items with CoTs of varied wording); with --knobs, the name of the custom data."
 )
 
 
@@ -332,6 +332,32 @@ def eval_command(
         typer.echo(f"wrote {path}")
     checks = results["checks"]
     typer.echo(json.dumps({"overall": results["overall"], "checks": checks}, indent=1))
+
+
+@thinker_app.command("copy-stats")
+def copy_stats_command(
+    data_version: str = typer.Option(
+        "thinker-data-v3,thinker-data-v4",
+        help="Built-in data versions, comma-separated (one table row per family each).",
+    ),
+    families: str = typer.Option(",".join(all_families()), help="Comma-separated task families."),
+    items: int = typer.Option(50, min=2, help="Items per family (template reuse needs two or more)."),
+    seed: int = typer.Option(HELDOUT_SEED, help="Generator stream."),
+    ngram: int = typer.Option(8, min=1, help="Length of the shared n-grams."),
+    tokenizer: str = typer.Option("words", help="words (whitespace-separated) or smollm2 (the thinker's tokens)."),
+) -> None:
+    """How much the reference CoTs copy: from their prompt, and from other items' CoTs (markdown table)."""
+    from selfspec_research.thinker.copying import copy_stats_table, named_tokenizer
+
+    versions = [version.strip() for version in data_version.split(",") if version.strip()]
+    unknown = [version for version in versions if version not in DATA_VERSIONS]
+    if not versions or unknown:
+        fail(f"unknown data versions {unknown or data_version!r}; built in: {', '.join(DATA_VERSIONS)}")
+    try:
+        counter, unit = named_tokenizer(tokenizer)
+    except ValueError as error:
+        fail(str(error))
+    typer.echo(copy_stats_table(versions, _families(families), items, seed, ngram, counter, unit))
 
 
 def _template_control_for(results: dict[str, Any]) -> dict[str, Any]:

@@ -92,10 +92,28 @@ V3_TASK_KNOBS: dict[str, dict[str, Any]] = {
     "route_finding": {**V2_TASK_KNOBS["route_finding"], "version": 3},
 }
 
+DATA_VERSION_V4 = "thinker-data-v4"
+"""thinker-data-v3's items with CoTs whose wording varies: class synthesis version 2, record
+extraction version 3, route finding version 4 and arithmetic search version 3, each drawn
+from the stream of the v3 version it rewords, so the same seed and index give the same
+prompt and answer as in v3. Each step picks one of several phrasings, independent steps come
+in a shuffled order, and the prompt is paraphrased rather than restated (route finding no
+longer copies the line listing at every visit); the answer's pieces are still written in
+the CoT. Why: v3's fixed templates flatter copy-based speculation, which replays whole
+template sentences (`selfspec_research.thinker.copying` measures how much)."""
+
+V4_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    "class_synthesis": {**V3_TASK_KNOBS["class_synthesis"], "version": 2},
+    "record_extraction": {**V3_TASK_KNOBS["record_extraction"], "version": 3},
+    "route_finding": {**V3_TASK_KNOBS["route_finding"], "version": 4},
+    "arithmetic_search": {**V3_TASK_KNOBS["arithmetic_search"], "version": 3},
+}
+
 DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     DATA_VERSION: DEFAULT_TASK_KNOBS,
     DATA_VERSION_V2: V2_TASK_KNOBS,
     DATA_VERSION_V3: V3_TASK_KNOBS,
+    DATA_VERSION_V4: V4_TASK_KNOBS,
 }
 """The built-in data versions and their knobs (family -> knobs, "version" included)."""
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .arithmetic_search import ArithmeticSearch, ArithmeticSearchV2
+from .arithmetic_search_v3 import ArithmeticSearchV3
 from .base import (
     CheckResult,
     TaskFamily,
@@ -36,9 +37,11 @@ from .base import (
     ordered_line_coverage,
     stable_rng,
 )
-from .class_synthesis import ClassSynthesis
+from .class_synthesis import ClassSynthesis, ClassSynthesisV2
 from .record_extraction import RecordExtraction, RecordExtractionV2
+from .record_extraction_v3 import RecordExtractionV3
 from .route_finding import RouteFinding, RouteFindingV2, RouteFindingV3
+from .route_finding_v4 import RouteFindingV4
 
 DEFAULT_VERSION = 1
 """The family version `get_family` builds when none is named (the data of thinker-data-v1)."""
@@ -53,6 +56,10 @@ for _family in (
     RouteFindingV2,
     ArithmeticSearchV2,
     RouteFindingV3,
+    ClassSynthesisV2,
+    RecordExtractionV3,
+    RouteFindingV4,
+    ArithmeticSearchV3,
 ):
     _FAMILY_TYPES.setdefault(_family.name, {})[_family.version] = _family
 
@@ -131,14 +138,18 @@ def check_many(items: Sequence[TaskItem], answers: Sequence[str]) -> list[CheckR
 __all__ = [
     "ArithmeticSearch",
     "ArithmeticSearchV2",
+    "ArithmeticSearchV3",
     "CheckResult",
     "ClassSynthesis",
+    "ClassSynthesisV2",
     "DEFAULT_VERSION",
     "RecordExtraction",
     "RecordExtractionV2",
+    "RecordExtractionV3",
     "RouteFinding",
     "RouteFindingV2",
     "RouteFindingV3",
+    "RouteFindingV4",
     "TaskFamily",
     "TaskItem",
     "check",

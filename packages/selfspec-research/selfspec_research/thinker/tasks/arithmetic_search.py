@@ -9,7 +9,9 @@ the arithmetic must be exact, and the last result must be the target.
 
 Version 2 (`ArithmeticSearchV2`, in thinker-data-v2): three numbers 1-9 used in order and
 a complete search of at most 3 x 3 operations, each written with its result (see the
-comment before `ordered_search`). Both versions share the checker.
+comment before `ordered_search`). All versions share the checker. Version 3
+(`arithmetic_search_v3`, in thinker-data-v4) is version 2's items with the search worded
+differently from item to item.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -322,23 +324,55 @@ def _v2_try(left: int, op: str, right: int) -> str:
     return f"{left} {op} {right} not allowed" if result is None else f"{left} {op} {right} = {result}"
 
 
-def ordered_search(numbers: Sequence[int], target: int) -> tuple[list[str], list[Step] | None]:
-    """The CoT lines of the ordered search and the two steps it finds (None if none)."""
+@dataclass(frozen=True)
+class Branch:
+    """One first operation of the search and the second operations tried on its result."""
+
+    op: str
+    first: int | None  # None: the first operation is not allowed
+    tries: tuple[str, ...]  # the second operators, in the order tried (up to a hit)
+    hit: bool  # the last try gives the target
+
+
+def search_branches(
+    numbers: Sequence[int], target: int, second_order: Callable[[], Sequence[str]] = lambda: V2_OPERATORS
+) -> tuple[list[Branch], list[Step] | None]:
+    """The branches of the ordered search and the two steps it finds (None if none).
+
+    The first operations go in the fixed order +, -, * (the first hit is the answer); the
+    second ones in `second_order()`, any order: with a target of 10 or more at most one
+    second operation hits a given first result, so the order never changes whether a
+    branch hits, only which misses are written before the hit.
+    """
     a, b, c = numbers
-    lines = []
+    branches = []
     for op1 in V2_OPERATORS:
         first = apply(a, op1, b)
         if first is None:
-            lines.append(f"{_v2_try(a, op1, b)}.")
+            branches.append(Branch(op1, None, (), False))
             continue
-        tries = []
-        for op2 in V2_OPERATORS:
-            tries.append(_v2_try(first, op2, c))
+        tries: list[str] = []
+        for op2 in second_order():
+            tries.append(op2)
             if apply(first, op2, c) == target:
-                lines.append(f"{a} {op1} {b} = {first}: {', '.join(tries)}. Yes.")
-                return lines, [Step(a, op1, b, first), Step(first, op2, c, target)]
-        lines.append(f"{a} {op1} {b} = {first}: {', '.join(tries)}. No.")
-    return lines, None
+                branches.append(Branch(op1, first, tuple(tries), True))
+                return branches, [Step(a, op1, b, first), Step(first, op2, c, target)]
+        branches.append(Branch(op1, first, tuple(tries), False))
+    return branches, None
+
+
+def ordered_search(numbers: Sequence[int], target: int) -> tuple[list[str], list[Step] | None]:
+    """The CoT lines of the ordered search and the two steps it finds (None if none)."""
+    a, b, c = numbers
+    branches, steps = search_branches(numbers, target)
+    lines = []
+    for branch in branches:
+        if branch.first is None:
+            lines.append(f"{_v2_try(a, branch.op, b)}.")
+            continue
+        tries = ", ".join(_v2_try(branch.first, op2, c) for op2 in branch.tries)
+        lines.append(f"{a} {branch.op} {b} = {branch.first}: {tries}. {'Yes' if branch.hit else 'No'}.")
+    return lines, steps
 
 
 class ArithmeticSearchV2(ArithmeticSearch):
@@ -415,6 +449,12 @@ class ArithmeticSearchV2(ArithmeticSearch):
             '"a op b = c", the second one giving the target. Leave a blank line between puzzles.'
         )
         prompt = "\n".join([intro, rules, fmt, "", *listed])
+        meta = {"puzzles": [{"numbers": numbers, "target": target} for numbers, target, _, _ in puzzles]}
+        return prompt, self._search_cot(rng, puzzles), answer, meta
+
+    def _search_cot(self, rng: random.Random, puzzles: Sequence[tuple[list[int], int, list[str], list[Step]]]) -> str:
+        """The CoT, written once the prompt is drawn: version 2's wording is fixed, so `rng`
+        goes unused here; a version that rewords the CoT draws its phrasing from it."""
         blocks = [
             f"{len(puzzles)} puzzles. For each one I try the first operation as +, then -, then *; for each "
             "result I try the third number with +, -, * until one gives the target, then write the two equations."
@@ -431,5 +471,4 @@ class ArithmeticSearchV2(ArithmeticSearch):
                 )
             )
         blocks.append(f"All {len(puzzles)} targets reached.")
-        meta = {"puzzles": [{"numbers": numbers, "target": target} for numbers, target, _, _ in puzzles]}
-        return prompt, "\n\n".join(blocks), answer, meta
+        return "\n\n".join(blocks)

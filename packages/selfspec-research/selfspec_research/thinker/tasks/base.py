@@ -163,6 +163,12 @@ class TaskFamily(ABC):
 
     name: str = ""
     version: int = 1
+    stream_version: int | None = None
+    """The version whose random stream an item is drawn from (None: this version's own).
+
+    A version that only rewords an earlier version's CoT names that version here and draws
+    its wording from the stream only once the prompt and answer are drawn, so the same
+    (seed, index) gives both versions the same prompt, answer and checker data."""
 
     def knobs(self) -> dict[str, Any]:
         """The difficulty knobs of this instance (recorded in every item's meta)."""
@@ -170,7 +176,8 @@ class TaskFamily(ABC):
 
     def generate(self, seed: int, index: int) -> TaskItem:
         """The item at `index` of the stream `seed`: the same on every call and process."""
-        rng = stable_rng(self.name, self.version, seed, index, sorted(self.knobs().items()))
+        stream = self.version if self.stream_version is None else self.stream_version
+        rng = stable_rng(self.name, stream, seed, index, sorted(self.knobs().items()))
         prompt, cot, answer, meta = self.build(rng)
         meta = {**meta, "knobs": self.knobs()}
         return TaskItem(self.name, self.version, seed, index, prompt, cot, answer, meta)

@@ -14,7 +14,9 @@ lines and `ctor`, and a concept's `ctor_args`, are the bodies of Python f-string
 `vocab` and `two_root_coeffs` in scope, and `{{`/`}}` are literal braces. They are
 evaluated in the order they are listed (expr, setup lines, ctor), which is the order the
 item's RNG is drawn from, so a template edit that reorders draws changes the items.
-A method's `body` is its reference code, one string per line.
+A method's `body` is its reference code, one string per line; its `summary` (and the
+constructor's) is a short paraphrase of its `doc` as a bare verb phrase, which CoTs of
+class synthesis version 2 say in their own words instead of restating the prompt.
 """
 
 from __future__ import annotations

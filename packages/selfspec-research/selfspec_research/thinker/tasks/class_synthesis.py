@@ -8,6 +8,9 @@ them. The checker runs generated unit tests on the answer in a subprocess.
 Expected test values come from running the *reference* class (our own template code,
 rendered from `class_concepts`) in this process; answers are only ever run by
 `pyexec`, in a separate time- and memory-limited process.
+
+Version 2 (`ClassSynthesisV2`, in thinker-data-v4, at the end of this module) is version 1's
+items with the CoT worded differently from item to item.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from .base import CheckResult, TaskFamily, TaskItem, estimate_tokens, final_answ
 from .class_concepts import CONCEPTS
 from .class_spec import ClassConcept, Draw, MethodSpec
 from .pyexec import UnitTest, run_class_tests
+from .wording import capitalised, ordinal, pick, shuffled, spoken_list
 
 INDENT = "    "
 DOC_WIDTH = 84
@@ -40,6 +44,7 @@ class _RenderedMethod:
     doc: str
     body: str  # the body alone, unindented
     code: str  # the full `def`, indented one level (as inside the class)
+    summary: str = ""  # the doc paraphrased, a bare verb phrase (what reworded CoTs say)
 
 
 def _fill(template: str, subs: Mapping[str, str]) -> str:
@@ -65,7 +70,15 @@ def _render_method(spec: MethodSpec, subs: Mapping[str, str]) -> _RenderedMethod
     lines = [f"{INDENT}def {spec.name}({params}):"]
     lines += _docstring(doc, INDENT * 2)
     lines += [f"{INDENT * 2}{line}" if line else "" for line in body.splitlines()]
-    return _RenderedMethod(spec, f"{spec.name}({params})", f"{spec.name}({spec.params})", doc, body, "\n".join(lines))
+    return _RenderedMethod(
+        spec,
+        f"{spec.name}({params})",
+        f"{spec.name}({spec.params})",
+        doc,
+        body,
+        "\n".join(lines),
+        _fill(spec.summary, subs),
+    )
 
 
 def _class_code(class_name: str, summary: str, methods: Sequence[_RenderedMethod]) -> str:
@@ -143,25 +156,63 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _plan_notes(body: str) -> list[str]:
-    """Short implementation notes read off the reference body (the "how" of the step)."""
-    notes = []
+_PLAN_NOTES: dict[str, tuple[str, ...]] = {
+    # note kind -> its phrasings: the first is version 1's (the only one it uses); the
+    # others, short enough not to be a template sentence of their own, are version 2's
+    "raises": (
+        "The invalid case comes first and raises {raised}.",
+        "Guard first: bad input raises {raised}.",
+        "{raised} goes at the top.",
+        "The error case ({raised}) comes first.",
+    ),
+    "none": ("The empty case returns None.", "Nothing to work on gives None.", "No data, no result: None."),
+    "key": (
+        "A key function settles ties the way the spec wants.",
+        "Ties go through a key function.",
+        "A `key=lambda` breaks ties.",
+        "Tie-break: a key function.",
+    ),
+    "sorted": (
+        "Sort the result so the order is fixed.",
+        "The output gets sorted.",
+        "A sort is needed.",
+        "`sorted` helps.",
+    ),
+    "round": ("Round as specified.", "Keep the rounding asked for.", "`round` comes last.", "Rounding matters here."),
+    "loop": (
+        "A loop over the stored data does it.",
+        "A loop does the work.",
+        "One `for` loop is enough.",
+        "It needs a loop.",
+    ),
+    "one-liner": ("That is a one-liner.", "A single line will do.", "Short: one line.", "One line suffices."),
+}
+
+
+def _plan_note_kinds(body: str) -> list[tuple[str, dict[str, str]]]:
+    """The kinds of implementation note the reference body calls for, with their fields."""
+    kinds: list[tuple[str, dict[str, str]]] = []
     raised = sorted(set(re.findall(r"raise (\w+)", body)))
     if raised:
-        notes.append(f"The invalid case comes first and raises {' / '.join(raised)}.")
+        kinds.append(("raises", {"raised": " / ".join(raised)}))
     if "return None" in body or "else None" in body:
-        notes.append("The empty case returns None.")
+        kinds.append(("none", {}))
     if "key=lambda" in body:
-        notes.append("A key function settles ties the way the spec wants.")
+        kinds.append(("key", {}))
     if "sorted(" in body:
-        notes.append("Sort the result so the order is fixed.")
+        kinds.append(("sorted", {}))
     if "round(" in body:
-        notes.append("Round as specified.")
+        kinds.append(("round", {}))
     if re.search(r"^\s*for ", body, flags=re.MULTILINE):
-        notes.append("A loop over the stored data does it.")
-    if not notes and body.count("\n") == 0:
-        notes.append("That is a one-liner.")
-    return notes
+        kinds.append(("loop", {}))
+    if not kinds and body.count("\n") == 0:
+        kinds.append(("one-liner", {}))
+    return kinds
+
+
+def _plan_notes(body: str) -> list[str]:
+    """Short implementation notes read off the reference body (the "how" of the step)."""
+    return [_PLAN_NOTES[kind][0].format(**fields) for kind, fields in _plan_note_kinds(body)]
 
 
 def _example_text(test: UnitTest) -> tuple[str, str]:
@@ -327,3 +378,120 @@ class ClassSynthesis(TaskFamily):
                 detail += "; " + " | ".join(outcome.errors[:3])
             results.append(CheckResult(passed == total and total > 0, outcome.fraction, detail))
         return results
+
+
+# ------------------------------------------------------------------------ version 2
+# Version 2 (thinker-data-v4) keeps version 1's items (prompt, answer, tests: the same
+# stream) and rewords the CoT: every step picks one of several phrasings, the method's
+# spec is said in other words (the concept table's `summary`) instead of being restated
+# from the prompt, the implementation notes come in a shuffled order, and the example
+# check sits before or after the code. The code itself is still written method by
+# method in the answer's order, so a draft forked after k methods holds k of them.
+
+_V2_INTROS = (
+    "I need `{cls}` with a constructor and {n} methods: {names}.",
+    "So the class is `{cls}`: `__init__` plus {n} methods, namely {names}.",
+    "{n} methods to write for `{cls}` after its constructor: {names}.",
+    "The job: a class `{cls}` which, besides `__init__`, has {names}.",
+    "Plan for `{cls}`: the constructor first, then {names}.",
+)
+_V2_STATE = (
+    # Every fixed run of words stays short and sits next to the item's own names, so no
+    # sentence is a template that other items repeat word for word.
+    "`{cls}` keeps its state in {attrs}; no method calls another.",
+    "State first: {attrs}. Then {names}, in that order.",
+    "Only {attrs} {are} shared, so each method of `{cls}` stands alone.",
+    "The methods read and write {attrs} and nothing else, so {names} can follow one by one.",
+)
+_V2_SKELETON = ("Skeleton:", "The class line and its docstring:", "Header first:", "It starts like this:")
+_V2_CONSTRUCTOR = (
+    "Constructor `{sig}`: it has to {summary}.",
+    "First `{sig}`, which should {summary}.",
+    "The state comes from `{sig}`: {summary}.",
+    "`{sig}` sets things up; in short, {summary}.",
+)
+_V2_LEADS = (
+    "Method {k} of {n}: `{sig}`.",
+    "Next up, `{sig}`.",
+    "Now `{sig}`, the {ordinal} of {n}.",
+    "On to `{name}`, number {k}.",
+    "{Ordinal} method: `{sig}`.",
+    "Then `{sig}`.",
+)
+_V2_SUMMARIES = (
+    "It has to {summary}.",
+    "The idea: {summary}.",
+    "In short, {summary}.",
+    "So: {summary}.",
+    "Put simply, it should {summary}.",
+    "My reading of the spec: {summary}.",
+)
+_V2_EXAMPLE_BEFORE = (
+    "The example to match: `{expr}` should {outcome}.",
+    "It must make `{expr}` {outcome}.",
+    "Target behaviour: `{expr}` has to {outcome}.",
+)
+_V2_EXAMPLE_AFTER = (
+    "Check against the example: `{expr}` {outcomes}, as required.",
+    "The example agrees: `{expr}` {outcomes}.",
+    "Running the example in my head, `{expr}` {outcomes}. Good.",
+    "With this code `{expr}` {outcomes}, matching the spec.",
+)
+_V2_OUTCOME = {"value": "give {value}", "raises": "raise {raises}"}
+_V2_OUTCOMES = {"value": "gives {value}", "raises": "raises {raises}"}
+_V2_CLOSINGS = (
+    "`{cls}` now has `__init__` and {names}; each agrees with its example.",
+    "That is all {n}: {names}. Together under `class {cls}:` they are the answer.",
+    "Done with {names}, so `{cls}` can be put together.",
+    "Every method of `{cls}` matches its example. Time to assemble it.",
+)
+
+
+class ClassSynthesisV2(ClassSynthesis):
+    """Class synthesis, version 2 (see the comment above): version 1's items, reworded CoT."""
+
+    version = 2
+    stream_version = 1
+
+    @staticmethod
+    def _cot(
+        rng: random.Random,
+        concept: ClassConcept,
+        class_name: str,
+        init: _RenderedMethod,
+        methods: Sequence[_RenderedMethod],
+        tests: Sequence[Sequence[UnitTest]],
+    ) -> str:
+        n = len(methods)
+        names = spoken_list(rng, [f"`{method.spec.name}`" for method in methods])
+        state = [f"`self.{name}`" for name in dict.fromkeys(re.findall(r"self\.(\w+)", init.body))]
+        attrs = spoken_list(rng, state) or "nothing"
+        blocks = [
+            pick(rng, _V2_INTROS, cls=class_name, n=n, names=names),
+            pick(rng, _V2_STATE, cls=class_name, attrs=attrs, names=names, are="is" if len(state) == 1 else "are"),
+        ]
+        header = _class_code(class_name, concept.summary, []).rstrip("\n")
+        blocks.append(f"{rng.choice(_V2_SKELETON)}\n{header}")
+        blocks.append(f"{pick(rng, _V2_CONSTRUCTOR, sig=init.signature, summary=init.summary)}\n{init.code}")
+        for k, (method, method_tests) in enumerate(zip(methods, tests[1:]), start=1):
+            fields = {"k": k, "n": n, "sig": method.signature, "name": method.spec.name, "ordinal": ordinal(k)}
+            lead = pick(rng, _V2_LEADS, Ordinal=capitalised(ordinal(k)), **fields)
+            kinds = _plan_note_kinds(method.body)
+            notes = [rng.choice(_PLAN_NOTES[kind][1:]).format(**extra) for kind, extra in kinds]
+            example = method_tests[0]
+            kind = "raises" if example.raises else "value"
+            outcome = {"value": example.expected, "raises": example.raises}
+            before = rng.random() < 0.4
+            check = pick(
+                rng,
+                _V2_EXAMPLE_BEFORE if before else _V2_EXAMPLE_AFTER,
+                expr=example.expr,
+                outcome=_V2_OUTCOME[kind].format(**outcome),
+                outcomes=_V2_OUTCOMES[kind].format(**outcome),
+            )
+            sentences = [pick(rng, _V2_SUMMARIES, summary=method.summary)]
+            sentences += shuffled(rng, notes + [check] if before else notes)
+            text = " ".join([lead, *sentences]) + f"\n{method.code}"
+            blocks.append(text if before else f"{text}\n{check}")
+        blocks.append(pick(rng, _V2_CLOSINGS, n=n, cls=class_name, names=names))
+        return "\n\n".join(blocks)

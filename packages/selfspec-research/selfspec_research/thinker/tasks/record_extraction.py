@@ -11,7 +11,9 @@ laid out by `record_documents`; the schemas, their values and messy forms are in
 Version 2 (`RecordExtractionV2`, in thinker-data-v2) is built for a very small model:
 3-6 records, a one-comparison filter on a requested column, few adverts, and a CoT in
 which every answer cell is a copy of a value written on the line above it (see the
-comment before `SimpleFilter`). Both versions share the checker.
+comment before `SimpleFilter`). All versions share the checker. Version 3
+(`record_extraction_v3`, in thinker-data-v4) is version 2's items with the CoT worded
+differently from item to item.
 """
 
 from __future__ import annotations
@@ -310,16 +312,19 @@ class SimpleFilter:
             return record[self.column] == self.value
         return _magnitude(record[self.column]) >= _magnitude(self.value)
 
+    def relation(self, record: Record) -> str:
+        """How the record's value stands to the filter's ("is at least 500", "is not Boston")."""
+        kept = self.keep(record)
+        if self.op == "is":
+            return f"is {self.value}" if kept else f"is not {self.value}"
+        if self.is_time:
+            return f"is {self.value} or later" if kept else f"is before {self.value}"
+        return f"is at least {self.value}" if kept else f"is below {self.value}"
+
     def decision(self, record: Record) -> str:
         """The filter evaluated on the record's value, ending in "keep" or "drop"."""
-        value, kept = record[self.column], self.keep(record)
-        if self.op == "is":
-            relation = f"is {self.value}" if kept else f"is not {self.value}"
-        elif self.is_time:
-            relation = f"is {self.value} or later" if kept else f"is before {self.value}"
-        else:
-            relation = f"is at least {self.value}" if kept else f"is below {self.value}"
-        return f"Filter: {self.column} {value} {relation} -> {'keep' if kept else 'drop'}"
+        verdict = "keep" if self.keep(record) else "drop"
+        return f"Filter: {self.column} {record[self.column]} {self.relation(record)} -> {verdict}"
 
 
 class RecordExtractionV2(RecordExtraction):
@@ -378,7 +383,7 @@ class RecordExtractionV2(RecordExtraction):
         header = "\t".join(columns)
         answer = "\n".join([header, *("\t".join(record[c] for c in columns) for record in kept)])
         prompt = self._prompt(rng, schema, columns, record_filter, kind, document)  # type: ignore[arg-type]
-        cot = self._v2_cot(schema, columns, record_filter, kind, records, shown, noise_after, header)
+        cot = self._record_cot(rng, schema, columns, record_filter, kind, records, shown, noise_after, header)
         meta = {
             "schema": schema.key,
             "source": kind,
@@ -451,6 +456,22 @@ class RecordExtractionV2(RecordExtraction):
             else:
                 values[spec.column], notes[spec.column] = record[spec.column], None
         return Shown(values, notes)
+
+    def _record_cot(
+        self,
+        rng: random.Random,
+        schema: Schema,
+        columns: Sequence[str],
+        record_filter: SimpleFilter | None,
+        kind: str,
+        records: Sequence[Record],
+        shown: Sequence[Shown],
+        noise_after: Sequence[bool],
+        header: str,
+    ) -> str:
+        """The CoT, written once the prompt is drawn: version 2's wording is fixed, so `rng`
+        goes unused here; a version that rewords the CoT draws its phrasing from it."""
+        return self._v2_cot(schema, columns, record_filter, kind, records, shown, noise_after, header)
 
     @staticmethod
     def _v2_cot(

@@ -10,7 +10,9 @@ the shortest.
 
 Version 2 (`RouteFindingV2`, in thinker-data-v2): 5-8 stations on 2-4 lines and a
 breadth-first search written out step by step, bounded by construction (see the comment
-before `build_small_network`). Both versions share the checker.
+before `build_small_network`). All versions share the checker. Version 3 adds a start
+check after every new hop; version 4 (`route_finding_v4`, in thinker-data-v4) is version 3's
+items with the search worded differently from item to item.
 """
 
 from __future__ import annotations
@@ -463,6 +465,7 @@ class RouteFindingV2(RouteFinding):
         hop_lines = [hop_line(route[k], route_lines[k], route[k + 1]) for k in range(len(route_lines))]
         answer = "\n".join(hop_lines)
         prompt = self._v2_prompt(rng, listing, start, goal)
+        cot = self._reworded_cot(rng, listing, start, goal, route, cot)
         meta = {
             "lines": listing,
             "start": start,
@@ -495,6 +498,20 @@ class RouteFindingV2(RouteFinding):
 
     check_start = False
     """Version 3: every new hop is followed by its own start check (see `RouteFindingV3`)."""
+
+    def _reworded_cot(
+        self,
+        rng: random.Random,
+        listing: Mapping[str, Sequence[str]],
+        start: str,
+        goal: str,
+        route: Sequence[str],
+        cot: str,
+    ) -> str:
+        """The CoT as written, `cot`: versions 2 and 3 keep their fixed wording, so `rng` goes
+        unused. A version that rewords the CoT draws its phrasing from `rng` here, after the
+        prompt, and must find the same `route` (the answer)."""
+        return cot
 
     @classmethod
     def _v2_cot(cls, listing: Mapping[str, Sequence[str]], start: str, goal: str) -> tuple[str, list[str], list[str]]:
