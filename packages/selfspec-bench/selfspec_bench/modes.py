@@ -19,6 +19,8 @@ ENGINE_MODES = (
     "suffix",
     "prefix+suffix",
     "ssr+think",
+    "ssr-gated",
+    "ssr+think-gated",
     "iterative",
     "suffix-decoding",
     "prompt-lookup",
@@ -26,6 +28,8 @@ ENGINE_MODES = (
     "ssr-off",
 )
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
+GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think"}
+"""Modes with SSR's cost gate (`spec.draft_gate`) -> the fixed-budget mode they gate."""
 SKIPPED = "skipped"
 """The `mode` of a record saying a sample was not run and why (`context_fit.py`); never a decoding mode."""
 ALL_MODES = ENGINE_MODES + EXTERNAL_MODES  # every one must reproduce the baseline's greedy tokens
@@ -81,6 +85,8 @@ def spec_for(mode: str, s: BenchSettings):
     if mode == "ssr+think":  # prefix+suffix, and the CoT speculated by SuffixDecoding over prompt + output
         sources = list(dict.fromkeys([*s.suffix_sources, "prompt", "output"]))  # and in the answer, past the draft
         return SSRConfig(draft_budgets=[s.draft_budget], speculate_thinking=True, **{**ssr, "suffix_sources": sources})
+    if mode in GATED_MODES:  # the same SSR, drafting only where the measured step costs say it pays
+        return spec_for(GATED_MODES[mode], s).model_copy(update={"gate": "cost"})
     if mode == "ssr-off":  # drafts made and thrown away: the overhead of drafting alone
         return SSRConfig(draft_budgets=[s.draft_budget], reuse="off", **ssr)
     if mode == "iterative":
