@@ -17,6 +17,12 @@ if [ -d .device/whl ]; then
   marker=/tmp/site/.installed-$(ls .device/whl | md5sum | cut -c1-8)
   [ -f "$marker" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/whl/*.whl && touch "$marker"; }
 fi
+# `selfspec bench` (and `thinker`, `cospec`) are entry points of the separately installed parts: without their
+# metadata on the path the CLI has no such commands. Installed once, without dependencies, from the tree.
+for part in selfspec-bench selfspec-research; do
+  [ -d "packages/$part" ] && ! ls -d /tmp/site/"${part//-/_}"-*.dist-info >/dev/null 2>&1 \
+    && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site "./packages/$part"
+done
 join_model() {  # name, file, parts, sha256
   [ -f "/tmp/m/$2" ] && return 0
   n=$(ls /tmp/m/"$1".part* 2>/dev/null | wc -l)
