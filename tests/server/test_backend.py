@@ -1,9 +1,12 @@
 """The backend seam: the server drives any `ServingBackend`; what a backend declares it cannot
 run is a 400 naming the field, before the request reaches the engine. Checked here on our own
-engine behind a backend that declares the vLLM backend's capabilities (the vLLM tests run the
-real one), so the main suite covers the planner's side without vLLM installed."""
+engine behind a backend that declares the vLLM backend's capabilities, narrowed further (no
+logprobs, one sample) so every kind of refusal is exercised (the vLLM tests run the real one);
+the main suite thus covers the planner's side without vLLM installed."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import httpx
 import pytest
@@ -17,7 +20,7 @@ MODEL = "tiny"
 
 
 class Restricted(LocalBackend):
-    capabilities = CAPABILITIES
+    capabilities = dataclasses.replace(CAPABILITIES, logprobs=False, max_n=1)
     unsupported_spec = VLLMBackend.unsupported_spec
 
     def unsupported_params(self, params):
