@@ -28,6 +28,7 @@ from selfspec.models import load_model
 from selfspec.models.registry import get_model_entry
 from selfspec.spec.base import MethodConfig, MethodContext
 from selfspec.spec.distilled_draft import load_draft_spec
+from selfspec.spec.draft_gate import AcceptanceHistory
 from selfspec.spec.draft_model import DraftModelRunner, shallow_draft
 from selfspec.spec.suffix import GlobalSuffixHistory
 from selfspec.thinking.format import ThinkingFormat, encode_prompt, thinking_enabled
@@ -179,6 +180,7 @@ class LLM:
         self.engine = Engine(model, tokenizer, engine_config)
         # Past responses shared by requests that list "global" among their suffix sources.
         self.global_history = GlobalSuffixHistory(max_responses=256)
+        self.draft_acceptance = AcceptanceHistory()  # SSR's cost gate learns how well drafts match here
         self.draft_runner: DraftModelRunner | None = None
         self.draft_spec: str | None = None
         self._grammars = None  # a GrammarCompiler, built on first use (the [structured] extra)
@@ -234,6 +236,7 @@ class LLM:
             device=self.engine.device,
             global_history=self.global_history,
             draft_runner=self.draft_runner,
+            draft_acceptance=self.draft_acceptance,
         )
         return parse_spec(spec).build(context)
 

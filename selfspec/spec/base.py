@@ -19,6 +19,7 @@ from selfspec.engine.policy import Proposal, SequencePolicy
 
 if TYPE_CHECKING:
     from selfspec.engine.sampling import SamplingParams
+    from selfspec.spec.draft_gate import AcceptanceHistory
     from selfspec.spec.draft_model import DraftModelRunner
     from selfspec.spec.suffix import GlobalSuffixHistory
     from selfspec.thinking.format import ThinkingFormat
@@ -40,6 +41,7 @@ class MethodContext:
     device: torch.device
     global_history: GlobalSuffixHistory | None = None
     draft_runner: DraftModelRunner | None = None
+    draft_acceptance: AcceptanceHistory | None = None  # SSR's cost gate: how well this LLM's drafts matched
 
 
 class MethodConfig(BaseModel):

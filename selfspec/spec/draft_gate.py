@@ -9,7 +9,10 @@ expected acceptance `a`, a draft pays when
     a * (1 - verify_cost) > margin * rows * row_cost
 
 whatever its length (cost and gain both grow with the tokens it writes). The engine measures
-both costs as it runs (`engine.step_costs`); the acceptance is a prior of the config. Before the
+both costs as it runs (`engine.step_costs`). The acceptance starts as the config's prior and
+moves to what the same LLM measured on its earlier requests (`AcceptanceHistory`: draft tokens
+the answers took from drafts, over draft tokens written), so on a workload whose drafts the
+model rejects the gate stops forking them. Before the
 extra row has ever been measured, the draft is forked as a probe and re-judged once it has run
 `gate_probe_steps` steps: a device where a second row is expensive (a CPU on a slow BLAS path)
 then loses a few steps, not the whole draft.
@@ -26,6 +29,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from selfspec.engine.step_costs import StepCosts
     from selfspec.spec.ssr_core import SSRConfig
+
+PRIOR_WEIGHT_TOKENS = 256
+"""The acceptance prior counts as this many draft tokens against the measured history: a
+couple of requests' drafts move the estimate, one short draft does not."""
 
 VERIFY_COST_PRIOR = 0.25
 """Fraction of a decode step per verified token before any long verify was measured: a
@@ -49,11 +56,37 @@ class GateVerdict:
         return self.action in ("fork", "probe", "keep")
 
 
+class AcceptanceHistory:
+    """Draft tokens written and draft tokens the answers used, over one LLM's finished SSR
+    requests (one per LLM: the model, its tasks and its prompts decide how well drafts match)."""
+
+    def __init__(self) -> None:
+        self.drafted = 0
+        self.accepted = 0
+        self.requests = 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One finished request: `accepted` of its `drafted` draft tokens became answer tokens
+        (prefix-accepted plus suffix-accepted, at most `drafted`: suffix decoding can reuse a
+        draft's tokens, but the gate prices each written token once)."""
+        if drafted <= 0:
+            return
+        self.drafted += drafted
+        self.accepted += min(max(0, accepted), drafted)
+        self.requests += 1
+
+    def estimate(self, prior: float, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
+        """The expected accepted fraction: the prior, as `weight` tokens, blended with the record."""
+        return (self.accepted + prior * weight) / (self.drafted + weight)
+
+
 class DraftGate:
     """Judges each fork and each running draft of one request (see the module docstring)."""
 
-    def __init__(self, config: "SSRConfig") -> None:
-        self.acceptance = config.gate_acceptance
+    def __init__(self, config: "SSRConfig", history: AcceptanceHistory | None = None) -> None:
+        self.prior = config.gate_acceptance
+        self.history = history
+        self.acceptance = self.prior  # the estimate the last verdict used
         self.margin = config.gate_margin
         self.probe_steps = config.gate_probe_steps
         self.verdicts: list[GateVerdict] = []
@@ -92,6 +125,7 @@ class DraftGate:
         self, costs: "StepCosts | None", rows: int, cot_tokens: int, *, when_unknown: str, when_pays: str
     ) -> GateVerdict:
         rows = max(1, rows)
+        self.acceptance = self.history.estimate(self.prior) if self.history is not None else self.prior
         row_cost = costs.row_cost(rows) if costs is not None else None
         measured_verify = costs.verify_token_cost() if costs is not None else None
         verify_cost = min(1.0, measured_verify if measured_verify is not None else VERIFY_COST_PRIOR)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.sequence import FinishReason
+from selfspec.spec.draft_gate import AcceptanceHistory
 from selfspec.spec.ssr_core import (
     AnswerSpeculator,
     Draft,
@@ -124,6 +126,7 @@ class SSRPolicy(ThinkingPolicy):
         *,
         thinking: bool = True,
         global_history: GlobalSuffixHistory | None = None,
+        acceptance: AcceptanceHistory | None = None,
     ) -> None:
         history = global_history if "global" in config.suffix_sources else None
         # Thinking-phase speculation (config.speculate_thinking) is the base policy's own
@@ -133,7 +136,8 @@ class SSRPolicy(ThinkingPolicy):
         )
         super().__init__(fmt, limits, thinking=thinking, proposer=think_proposer, history=history)
         self.config = config
-        self.schedule = DraftSchedule(config, self.limits.cot_cap, self.thinking)
+        self.schedule = DraftSchedule(config, self.limits.cot_cap, self.thinking, acceptance)
+        self.acceptance = acceptance
         variants = (fmt.end_variants or (fmt.end_ids,)) if fmt is not None else ()
         self.answer = AnswerSpeculator(config, variants, global_history=global_history)
         # CoT proposals never cross an end-of-thinking token (see _thinking_proposal).
@@ -189,6 +193,11 @@ class SSRPolicy(ThinkingPolicy):
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
         super().on_finish(engine, seq)
+        finished_answer = self.phase is Phase.ANSWER and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if self.acceptance is not None and finished_answer and self.config.reuse != "off":
+            # What this request's drafts were worth, for the gate of the requests after it.
+            drafted = sum(len(d.tokens) for d in self.drafts)
+            self.acceptance.record(drafted, self.answer.accepted_prefix + self.answer.suffix_accepted)
         if engine is not None:
             backend = _EngineDrafts(self, engine, seq)
             for draft in self.drafts:

@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 
 from selfspec.engine.policy import Proposal
 from selfspec.spec.base import MethodConfig, MethodContext
-from selfspec.spec.draft_gate import DraftGate
+from selfspec.spec.draft_gate import AcceptanceHistory, DraftGate
 from selfspec.spec.suffix import GlobalSuffixHistory, SuffixConfig, SuffixOptions, SuffixProposer
 
 ReuseMode = Literal["off", "prefix", "suffix", "prefix+suffix"]
@@ -78,7 +78,8 @@ class SSRConfig(MethodConfig):
       draft can pay on the device and load it runs on, judged from the engine's measured step
       costs (`spec.draft_gate`): it skips or cancels drafts whose extra row costs more than the
       draft can save, and says so in the request's metrics (`draft_gate`).
-    gate_acceptance: the gate's expected fraction of draft tokens the model accepts.
+    gate_acceptance: the gate's prior for the fraction of draft tokens the model accepts; the
+      LLM's measured acceptance on earlier requests takes over as drafts are verified.
     gate_margin: how much the expected saving must exceed the measured cost.
     gate_probe_steps: a running draft is re-judged every this many of its tokens (the first
       time once the extra row is measured); two failing checks in a row cancel it.
@@ -145,7 +146,12 @@ class SSRConfig(MethodConfig):
         from selfspec.spec.ssr import SSRPolicy
 
         return SSRPolicy(
-            self, ctx.thinking_format, ctx.limits, thinking=ctx.thinking, global_history=ctx.global_history
+            self,
+            ctx.thinking_format,
+            ctx.limits,
+            thinking=ctx.thinking,
+            global_history=ctx.global_history,
+            acceptance=ctx.draft_acceptance,
         )
 
 
@@ -229,12 +235,14 @@ def cut_before_end(tokens: Sequence[int], end_token_ids: frozenset[int]) -> list
 class DraftSchedule:
     """The thinking phase: fork at each budget, cancel superseded drafts, stop at the close."""
 
-    def __init__(self, config: SSRConfig, cot_cap: int | None, thinking: bool) -> None:
+    def __init__(
+        self, config: SSRConfig, cot_cap: int | None, thinking: bool, history: AcceptanceHistory | None = None
+    ) -> None:
         self.config = config
         self.budgets = config.budgets_up_to(cot_cap) if thinking else []
         self.drafts: list[Draft] = []
         self.fork_failures = 0
-        self.gate = DraftGate(config) if config.gate == "cost" else None
+        self.gate = DraftGate(config, history) if config.gate == "cost" else None
 
     def on_cot(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> None:
         """The parent has `cot_tokens` CoT tokens and still thinks: fork every budget reached

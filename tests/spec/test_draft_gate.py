@@ -11,7 +11,7 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.step_costs import StepCosts
 from selfspec.llm import LLM
-from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, DraftGate
+from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, AcceptanceHistory, DraftGate
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
@@ -134,3 +134,43 @@ def test_gate_decisions_leave_the_output_unchanged(bigram_llm, row_cost, expect)
             assert actions[0] == "probe" and actions[-1] == "cancel"
             assert o.metrics["drafts"] == 1 and 8 <= o.metrics["draft_tokens"] < 30
     assert llm.engine.scheduler.slots.num_used == 0, "slots leaked"
+
+
+def test_acceptance_history_blends_the_prior_with_what_drafts_were_worth():
+    history = AcceptanceHistory()
+    assert history.estimate(0.5) == pytest.approx(0.5)  # nothing measured: the prior
+    history.record(drafted=100, accepted=400)  # suffix reuse counts each written token once
+    history.record(drafted=0, accepted=0)  # no draft: no evidence
+    assert (history.drafted, history.accepted, history.requests) == (100, 100, 1)
+    assert history.estimate(0.5, weight=100) == pytest.approx(0.75)
+    history.record(drafted=1900, accepted=0)
+    assert history.estimate(0.5, weight=100) == pytest.approx((100 + 50) / 2100)
+
+
+def test_gate_stops_forking_where_this_llms_drafts_were_rejected():
+    costs = _FixedCosts(0.2)  # gain a x 0.95 against a cost of 1.25 x 0.2 = 0.25
+    assert DraftGate(SSRConfig(gate="cost")).before_fork(costs, rows=1, cot_tokens=5).action == "fork"
+    history = AcceptanceHistory()
+    history.record(drafted=2000, accepted=20)
+    verdict = DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, rows=1, cot_tokens=5)
+    assert verdict.action == "skip" and verdict.acceptance == pytest.approx(history.estimate(0.5))
+
+
+@pytest.mark.parametrize("zero_attention, direction", [(True, "up"), (False, "down")])
+def test_each_llm_learns_its_drafts_acceptance_from_finished_requests(zero_attention, direction):
+    """The bigram model's drafts match (the estimate rises above the prior); a random model's
+    do not (it falls): what the gate of the next request on the same LLM prices."""
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
+    if zero_attention:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=4, max_len=512))
+    limits = ThinkingLimits(cot_cap=40, answer_cap=30, fixed_length=True)
+    spec = SSRConfig(draft_budgets=[5], max_draft_len=30)
+    llm.generate(["What is 12 + 30?", "hello"], SamplingParams(max_tokens=200), limits=limits, spec=spec)
+    history = llm.draft_acceptance
+    assert history.requests == 2 and history.drafted > 0
+    estimate = history.estimate(SSRConfig().gate_acceptance)
+    assert estimate > 0.5 if direction == "up" else estimate < 0.5
