@@ -16,7 +16,16 @@ from typer.testing import CliRunner
 from selfspec.cli.main import app
 from selfspec.testing.tiny import save_tiny_model_dir
 
-MODES = ["baseline", "prefix", "prefix+suffix", "ssr+think-gated", "iterative", "suffix-decoding", "prompt-lookup", "hf-generate"]
+MODES = [
+    "baseline",
+    "prefix",
+    "prefix+suffix",
+    "ssr+think-gated",
+    "iterative",
+    "suffix-decoding",
+    "prompt-lookup",
+    "hf-generate",
+]
 LIMITS = ["--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "16"]
 
 
