@@ -74,6 +74,9 @@ class SSRConfig(MethodConfig):
       the task into their CoT and the CoT into the answer, so many CoT tokens come free
       while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
       always closed by a plain step and the draft verification starts aligned.
+    converge_tokens: iterative drafting stops forking once the two newest drafts agree on their
+      first `converge_tokens` tokens: the answer has settled in the CoT, so a later draft would
+      cost rows and say the same (the newest runs on). None: fork at every budget.
     gate: "always" forks at every budget (the paper's fixed budgets); "cost" forks only where the
       draft can pay on the device and load it runs on, judged from the engine's measured step
       costs (`spec.draft_gate`): it skips or cancels drafts whose extra row costs more than the
@@ -107,6 +110,7 @@ class SSRConfig(MethodConfig):
     prefix_chunk_max: int = Field(64, ge=1, le=4096)
     suffix_backoff_max: int = Field(16, ge=0, le=4096)
     speculate_thinking: bool = False
+    converge_tokens: int | None = Field(None, ge=1)
     gate: Literal["always", "cost"] = "always"
     gate_acceptance: float = Field(0.5, gt=0.0, le=1.0)
     gate_margin: float = Field(1.25, ge=0.0)
@@ -242,6 +246,7 @@ class DraftSchedule:
         self.budgets = config.budgets_up_to(cot_cap) if thinking else []
         self.drafts: list[Draft] = []
         self.fork_failures = 0
+        self.converged_at: int | None = None  # CoT length at which two drafts agreed (converge_tokens)
         self.gate = DraftGate(config, history) if config.gate == "cost" else None
 
     def on_cot(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> None:
@@ -251,11 +256,23 @@ class DraftSchedule:
             self._judge_running(cot_tokens, backend)
         while self.budgets and cot_tokens >= self.budgets[0]:
             self.budgets.pop(0)
+            if self._converged():
+                self.converged_at = cot_tokens
+                self.budgets = []
+                break
             if self.gate is not None:
                 costs, rows = _measured(backend)
                 if not self.gate.before_fork(costs, rows, cot_tokens).drafts:
                     continue
             self.fork(cot_tokens, anchor, backend)
+
+    def _converged(self) -> bool:
+        """The two newest drafts (the newest may still run) agree on their first `converge_tokens`."""
+        n = self.config.converge_tokens
+        if n is None or len(self.drafts) < 2:
+            return False
+        older, newer = self.drafts[-2].tokens, self.drafts[-1].tokens
+        return len(older) >= n and len(newer) >= n and older[:n] == newer[:n]
 
     def _judge_running(self, cot_tokens: int, backend: DraftBackend) -> None:
         running = [d for d in self.drafts if backend.draft_running(d)]
@@ -299,6 +316,7 @@ class DraftSchedule:
             "draft_tokens": sum(len(d.tokens) for d in self.drafts),
             "draft_fork_cot": [d.cot_tokens for d in self.drafts],
             "fork_failures": self.fork_failures,
+            "drafts_converged_at": self.converged_at,
             **({"draft_gate": self.gate.report()} if self.gate is not None else {}),
         }
 

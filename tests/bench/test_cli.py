@@ -22,6 +22,7 @@ MODES = [
     "prefix+suffix",
     "ssr+think-gated",
     "iterative",
+    "iterative-converge",
     "suffix-decoding",
     "prompt-lookup",
     "hf-generate",

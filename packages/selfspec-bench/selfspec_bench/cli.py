@@ -59,6 +59,11 @@ def bench(
     draft_interval: Optional[int] = typer.Option(
         None, min=1, help="Iterative mode: fork every N CoT tokens (default: the draft budget)."
     ),
+    converge_tokens: Optional[int] = typer.Option(
+        None,
+        min=1,
+        help="Mode iterative-converge: stop forking once two drafts agree on this many first tokens (default 32).",
+    ),
     max_draft: int = typer.Option(500, min=1, help="Maximum draft length (tokens)."),
     natural: bool = typer.Option(
         False,
@@ -164,6 +169,7 @@ def bench(
             cot_cap=cot_cap,
             answer_cap=cap,
             draft_interval=draft_interval,
+            converge_tokens=converge_tokens,
             max_draft_len=max_draft,
             fixed_length=not natural,
             suffix=SuffixOptions(max_depth=suffix_depth, max_spec_tokens=suffix_spec_tokens, spec_factor=suffix_factor),

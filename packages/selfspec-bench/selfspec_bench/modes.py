@@ -22,12 +22,15 @@ ENGINE_MODES = (
     "ssr-gated",
     "ssr+think-gated",
     "iterative",
+    "iterative-converge",
     "suffix-decoding",
     "prompt-lookup",
     "sps",
     "ssr-off",
 )
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
+CONVERGE_TOKENS = 32
+"""iterative-converge's agreement length unless --converge-tokens says otherwise."""
 GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think"}
 """Modes with SSR's cost gate (`spec.draft_gate`) -> the fixed-budget mode they gate."""
 SKIPPED = "skipped"
@@ -43,6 +46,7 @@ class BenchSettings:
     answer_cap: int = 1500
     draft_budget: int = 500
     draft_interval: int | None = None  # iterative mode; default = draft_budget
+    converge_tokens: int | None = None  # iterative-converge: drafting stops once two drafts agree this far
     max_draft_len: int = 500
     fixed_length: bool = True
     suffix: SuffixOptions = field(default_factory=SuffixOptions)
@@ -61,8 +65,9 @@ class BenchSettings:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["suffix"] = self.suffix.model_dump()
-        if d["run_name"] is None:  # records of unnamed runs keep the settings older files carry (resume)
-            del d["run_name"]
+        for key in ("run_name", "converge_tokens"):
+            if d[key] is None:  # records keep the settings older files carry (resume)
+                del d[key]
         return d
 
 
@@ -91,6 +96,12 @@ def spec_for(mode: str, s: BenchSettings):
         return SSRConfig(draft_budgets=[s.draft_budget], reuse="off", **ssr)
     if mode == "iterative":
         return SSRConfig(draft_interval=s.draft_interval or s.draft_budget, **ssr)
+    if mode == "iterative-converge":  # iterative drafting until two drafts agree (ssr_core.DraftSchedule)
+        return SSRConfig(
+            draft_interval=s.draft_interval or s.draft_budget,
+            converge_tokens=s.converge_tokens or CONVERGE_TOKENS,
+            **ssr,
+        )
     if mode == "suffix-decoding":
         return SuffixDecodingConfig(suffix=s.suffix, sources=["prompt", "output"])
     if mode == "prompt-lookup":

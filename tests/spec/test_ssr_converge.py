@@ -1,0 +1,89 @@
+"""Iterative drafting that stops once drafts converge (`SSRConfig.converge_tokens`): the decision on
+a scripted backend, and unchanged outputs with fewer drafts on a model whose drafts settle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.sampling import SamplingParams
+from selfspec.llm import LLM
+from selfspec.spec.ssr_core import Draft, DraftSchedule, SSRConfig
+from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.thinking.policy import ThinkingLimits
+
+
+class ScriptedDrafts:
+    """A backend whose i-th draft has written `answers[i]` by the next budget."""
+
+    def __init__(self, answers: list[list[int]]) -> None:
+        self.answers = answers
+        self.forked: list[Draft] = []
+        self.cancelled: list[int] = []
+
+    def fork_draft(self, draft: Draft, earlier: list[Draft]) -> object:
+        draft.tokens = list(self.answers[draft.index])
+        self.forked.append(draft)
+        return object()
+
+    def cancel_draft(self, draft: Draft, reason: str) -> None:
+        self.cancelled.append(draft.index)
+
+    def draft_running(self, draft: Draft) -> bool:
+        return draft.index not in self.cancelled
+
+    def step_costs(self) -> None:
+        return None
+
+
+def _run(answers: list[list[int]], converge: int | None) -> tuple[DraftSchedule, ScriptedDrafts]:
+    schedule = DraftSchedule(SSRConfig(draft_interval=10, converge_tokens=converge), cot_cap=60, thinking=True)
+    backend = ScriptedDrafts(answers)
+    for cot in range(1, 60):
+        schedule.on_cot(cot, [9], backend)
+    return schedule, backend
+
+
+def test_drafting_stops_when_the_two_newest_drafts_agree():
+    same = [1, 2, 3, 4, 5]
+    schedule, backend = _run([[7, 7, 7, 7], same, same, same, same], converge=4)
+    assert len(backend.forked) == 3  # budgets 10, 20, 30; at 40 drafts 1 and 2 agree
+    assert schedule.converged_at == 40 and schedule.budgets == []
+    assert backend.cancelled == [0, 1]  # superseded ones; the newest runs on
+    assert schedule.report()["drafts_converged_at"] == 40
+
+
+def test_drafts_that_differ_or_are_short_keep_the_schedule():
+    schedule, backend = _run([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2], [1, 2], [6]], converge=4)
+    assert len(backend.forked) == 5 and schedule.converged_at is None
+    schedule, backend = _run([[1, 2, 3, 4]] * 5, converge=None)
+    assert len(backend.forked) == 5  # without the option: every budget forks
+
+
+@pytest.fixture(scope="module")
+def bigram_llm():
+    tok = tiny_tokenizer()
+    model = tiny_model("llama", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()  # the answer does not depend on the CoT: drafts agree
+    return LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=512))
+
+
+def test_converged_drafting_keeps_the_output_with_fewer_drafts(bigram_llm):
+    llm = bigram_llm
+    limits = ThinkingLimits(cot_cap=60, answer_cap=24, fixed_length=True)
+    params = SamplingParams(max_tokens=200)
+    prompts = ["What is 12 + 30?", "Write a counter class", "hello"]
+    base = llm.generate(prompts, params, limits=limits, thinking=True)
+    every = llm.generate(prompts, params, limits=limits, spec=SSRConfig(draft_interval=8, max_draft_len=24))
+    settled = llm.generate(
+        prompts, params, limits=limits, spec=SSRConfig(draft_interval=8, max_draft_len=24, converge_tokens=4)
+    )
+    for b, e, s in zip(base, every, settled):
+        assert e.token_ids == b.token_ids and s.token_ids == b.token_ids
+        assert s.metrics["drafts_converged_at"] is not None
+        assert s.metrics["drafts"] < e.metrics["drafts"]
+        assert s.metrics["accepted_prefix"] > 0
+    assert llm.engine.scheduler.slots.num_used == 0, "slots leaked"
