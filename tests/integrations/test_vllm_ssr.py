@@ -38,6 +38,7 @@ MODES = {
     "suffix": SSRConfig(draft_budgets=[8], max_draft_len=24, reuse="suffix"),
     "prefix+suffix": SSRConfig(draft_budgets=[8], max_draft_len=24),
     "iterative": SSRConfig(draft_interval=5, max_draft_len=24),
+    "iterative-converge": SSRConfig(draft_interval=5, max_draft_len=24, converge_tokens=4),
 }
 
 ENGINE_ARGS = dict(
@@ -81,6 +82,8 @@ def test_ssr_modes_match_plain_vllm(engines):
             assert sum(g.metrics["accepted_prefix"] for g in got) > 0, f"{name}: no draft token accepted"
         if which == "bigram" and name == "suffix":
             assert sum(g.metrics["suffix_accepted_tokens"] for g in got) > 0
+        if which == "bigram" and name == "iterative-converge":  # the bigram's drafts agree: drafting stops
+            assert any(g.metrics["drafts_converged_at"] is not None for g in got)
         if which == "bigram":
             plain_forwards = sum(e.metrics["answer_forwards"] for e in expected)
             assert sum(g.metrics["answer_forwards"] for g in got) < plain_forwards, name
