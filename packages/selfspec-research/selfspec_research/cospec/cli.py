@@ -84,6 +84,11 @@ def eval_command(
         "arithmetic_search,gsm8k", "--tasks", help="Comma list: thinker task families, gsm8k and/or humaneval."
     ),
     n: int = typer.Option(10, "--n", min=1, help="Items per task."),
+    data_version: Optional[str] = typer.Option(
+        None,
+        "--data-version",
+        help="Knobs of the thinker families' items (default: thinker-data-v1's), e.g. thinker-data-hard-v1.",
+    ),
     seed: int = typer.Option(
         HELDOUT_SEED, "--seed", help="Held-out stream (thinker training used seed 0, which is refused)."
     ),
@@ -131,6 +136,7 @@ def eval_command(
             tasks=parse_tasks(tasks),
             n=n,
             seed=seed,
+            data_version=data_version,
             thresholds=parse_thresholds(thresholds),
             k=k,
             sps_k=parse_draft_lengths(sps_k),
