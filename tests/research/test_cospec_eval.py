@@ -21,6 +21,8 @@ from selfspec_research.cospec.eval_report import write_outputs
 from selfspec_research.cospec.eval_runs import run_item
 from selfspec_research.cospec.eval_tasks import build_task, parse_tasks
 from selfspec_research.cospec.evaluate import run_cospec_eval
+from selfspec_research.thinker.data_versions import data_version_knobs
+from selfspec_research.thinker.tasks import generate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -234,6 +236,18 @@ def test_cli_eval_without_arbitrator_measures_target_and_sps_only(tmp_path):
     assert bad.exit_code == 2 and "thresholds" in bad.output
     bad = CliRunner().invoke(app, ["cospec", "eval", "--model", "tiny", "--sps-k", "0", "--out", str(out)])
     assert bad.exit_code == 2 and "--sps-k" in bad.output
+
+
+def test_thinker_tasks_take_a_data_version_for_harder_items():
+    default = build_task("route_finding", 2, 1000)
+    hard = build_task("route_finding", 2, 1000, data_version="thinker-data-hard-v1")
+    knobs = data_version_knobs("thinker-data-hard-v1")["route_finding"]
+    assert [item.reference for item in hard.items] == [generate("route_finding", 1000, i, **knobs) for i in (0, 1)]
+    assert default.items[0].reference.meta["knobs"] != hard.items[0].reference.meta["knobs"]
+    assert build_task("gsm8k", 1, 1000, data_version="thinker-data-hard-v1").items  # ignored off the thinker families
+    assert CoSpecEvalConfig(tasks=("route_finding",), data_version="thinker-data-hard-v2").describe()["data_version"]
+    with pytest.raises(ValueError, match="unknown data version"):
+        CoSpecEvalConfig(tasks=("route_finding",), data_version="thinker-data-nope")
 
 
 def test_humaneval_task_scores_with_the_tests():

@@ -124,6 +124,57 @@ def test_pack_examples_marks_assistant_predictions():
         parse_distilled_spec("layers:a+/x")
 
 
+def test_pack_examples_carries_the_reference_next_tokens():
+    examples = [Example((1, 2, 3, 4, 5), 2, "a"), Example((6, 7, 8), 1, "b")]
+    blocks = pack_examples(examples, 4)
+    # the next token of the stream, across a block's end too (4 -> 5 lies in the next block)
+    assert blocks.targets.tolist() == [[2, 3, 4, 5], [6, 7, 8, 0]]
+    assert blocks.targets[blocks.mask].tolist() == [3, 4, 5, 7, 8]
+
+
+def test_loss_weights_need_one_term_and_reference_alone_is_allowed():
+    assert toy_config(kl_weight=0.0, reference_weight=1.0).reference_weight == 1.0
+    with pytest.raises(ValueError, match="not all 0"):
+        toy_config(kl_weight=0.0)
+    with pytest.raises(ValueError, match="not all 0"):
+        toy_config(kl_weight=-1.0, reference_weight=2.0)
+    logits = torch.randn(5, 7)
+    with pytest.raises(ValueError, match="reference tokens"):
+        distill_loss(logits, logits, reference_weight=1.0)
+    assert distill_loss(logits, logits)[1]["ref"] != distill_loss(logits, logits)[1]["ref"]  # NaN: not measured
+
+
+def test_reference_loss_alone_learns_the_training_tokens_not_the_target(tok, tmp_path):
+    target = tiny_model("qwen3", len(tok), seed=4, num_layers=3, eos_token_id=tok.eos_token_id)
+    before = snapshot(target)
+    config = toy_config(kl_weight=0.0, reference_weight=1.0, data_seed=7)
+    target, peft_draft, result = train_distilled_draft(
+        config, target=target, tokenizer=tok, progress=False, log=lambda m: None
+    )
+    assert_unchanged(target, before)
+    assert {"ref", "kl", "ce"} <= set(result.loss_log[0])
+    # reference CE on the training blocks of the first steps: adapter off (initial draft) vs trained
+    blocks, _ = build_training_blocks(config, tok, ThinkingFormat.detect(tok), config.steps * config.batch_size)
+    plan = plan_blocks(len(blocks), config.batch_size, config.steps, config.seed)
+    used = sorted({i for step in plan for i in step})
+    ids, mask = blocks.ids[used], blocks.mask[used]
+    reference = blocks.targets[used][mask]
+    with torch.no_grad():
+        teacher = selected_logits(target, ids, mask)
+        with peft_draft.disable_adapter():
+            ref_before = distill_loss(teacher, selected_logits(peft_draft, ids, mask), reference=reference)[1]["ref"]
+        ref_after = distill_loss(teacher, selected_logits(peft_draft, ids, mask), reference=reference)[1]["ref"]
+    assert ref_after < 0.9 * ref_before, (ref_before, ref_after)
+    # loss = the reference CE alone: the first step's logged loss is its ref term
+    assert result.loss_log[0]["loss"] == pytest.approx(result.loss_log[0]["ref"], rel=1e-6)
+    distilled = result.heldout_distilled["all"]
+    assert distilled["reference_accuracy"] is not None and distilled["reference_ce"] is not None
+    path = save_distilled_draft(peft_draft, tmp_path / "d", target=target, config=config, result=result)
+    manifest = read_draft_manifest(path)
+    assert manifest["loss"]["kl_weight"] == 0.0 and manifest["loss"]["reference_weight"] == 1.0
+    assert manifest["data"]["seed"] == 7 and manifest["config"]["data_seed"] == 7
+
+
 def test_own_layers_draft_copies_layers_and_shares_the_rest(tok):
     target = tiny_model("qwen3", len(tok), seed=4, num_layers=3)
     draft = own_layers_draft(target, 2)
@@ -322,6 +373,23 @@ def test_cli_train_draft_on_the_tiny_model(tmp_path, tok):
     assert llm.draft_runner is not None
     bad = CliRunner().invoke(cospec_app, args[:4] + ["2"] + args[5:])
     assert bad.exit_code == 2 and "--layers must be in [1, 1]" in bad.output
+
+
+def test_cli_train_draft_on_reference_tokens_records_loss_and_data(tmp_path):
+    out = tmp_path / "draft"
+    args = ["train-draft", "--model", "tiny", "--layers", "1", "--steps", "1", "--batch-size", "1", "--seq-len", "64"]
+    args += ["--rank", "4", "--heldout-items", "1", "--families", "arithmetic_search", "--device", "cpu"]
+    args += ["--kl-weight", "0", "--reference-weight", "1", "--data-version", "thinker-data-hard-v1"]
+    args += ["--data-seed", "7", "--out", str(out), "--no-progress"]
+    result = CliRunner().invoke(cospec_app, args)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["loss"] == {"kl_weight": 0.0, "ce_weight": 0.0, "reference_weight": 1.0, "temperature": 1.0}
+    assert manifest["data"]["version"] == "thinker-data-hard-v1" and manifest["data"]["seed"] == 7
+    assert "--reference-weight 1.0" in manifest["command"]
+    where = args.index("--reference-weight") + 1
+    bad = CliRunner().invoke(cospec_app, [*args[:where], "0", *args[where + 1 :]])
+    assert bad.exit_code == 2 and "not all 0" in bad.output
 
 
 def test_packaged_draft_names_resolve_to_the_package():

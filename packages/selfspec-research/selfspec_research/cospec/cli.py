@@ -84,6 +84,11 @@ def eval_command(
         "arithmetic_search,gsm8k", "--tasks", help="Comma list: thinker task families, gsm8k and/or humaneval."
     ),
     n: int = typer.Option(10, "--n", min=1, help="Items per task."),
+    data_version: Optional[str] = typer.Option(
+        None,
+        "--data-version",
+        help="Knobs of the thinker families' items (default: thinker-data-v1's), e.g. thinker-data-hard-v1.",
+    ),
     seed: int = typer.Option(
         HELDOUT_SEED, "--seed", help="Held-out stream (thinker training used seed 0, which is refused)."
     ),
@@ -131,6 +136,7 @@ def eval_command(
             tasks=parse_tasks(tasks),
             n=n,
             seed=seed,
+            data_version=data_version,
             thresholds=parse_thresholds(thresholds),
             k=k,
             sps_k=parse_draft_lengths(sps_k),
@@ -236,6 +242,13 @@ def train_draft_command(
     ce_weight: float = typer.Option(
         0.0, "--ce-weight", min=0.0, help="Weight of cross-entropy on the target's argmax."
     ),
+    reference_weight: float = typer.Option(
+        0.0,
+        "--reference-weight",
+        min=0.0,
+        help="Weight of cross-entropy on the data's reference tokens: learns the tasks, not the target "
+        "(alone: --kl-weight 0 --reference-weight 1).",
+    ),
     data_version: Optional[str] = typer.Option(
         None, "--data-version", help="Thinker data version (default: the thinker's default, thinker-data-v1)."
     ),
@@ -263,7 +276,8 @@ def train_draft_command(
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    """Distil a shallow self-draft (first N layers + norm + head, LoRA) toward the target on thinker traces.
+    """Distil a shallow self-draft (first N layers + norm + head, LoRA) toward the target on thinker traces,
+    or train it on the traces' reference tokens (--reference-weight), or a mix.
 
     Load it with LLM(model, draft="distilled:DIR"), `selfspec cospec eval --draft distilled:DIR`.
     """
@@ -285,6 +299,7 @@ def train_draft_command(
             alpha=alpha,
             kl_weight=kl_weight,
             ce_weight=ce_weight,
+            reference_weight=reference_weight,
             data_version=data_version,
             families=names,
             data_seed=data_seed,

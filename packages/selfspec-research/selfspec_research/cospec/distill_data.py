@@ -5,7 +5,9 @@ The traces are the thinker's (`thinker.examples`: `DataSpec` + `encode_items`), 
 thinker was trained and as the engine prompts. Training examples are packed into
 `seq_len`-token blocks: every step then has the same shape (no padding, a time budget
 that calibrates once), and the loss covers the positions that predict an assistant
-token. Held-out examples stay unpacked, each from its own start, as at inference.
+token. Each block also carries the reference next tokens (the generated CoT + answer the
+thinker itself was trained on), so a draft can learn the tasks rather than the target.
+Held-out examples stay unpacked, each from its own start, as at inference.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ if TYPE_CHECKING:  # annotations only: draft_distill imports this module
 @dataclass(frozen=True)
 class Blocks:
     """Packed training data: `ids` [n, seq_len]; `mask` [n, seq_len] marks positions whose
-    next token is an assistant token of the same example."""
+    next token is an assistant token of the same example; `targets` [n, seq_len] is that
+    next token (the reference label), also across a block's end, where it lies in the next
+    block."""
 
     ids: torch.Tensor
     mask: torch.Tensor
+    targets: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -53,9 +58,12 @@ def pack_examples(examples: Sequence[Example], seq_len: int) -> Blocks:
     if count == 0:
         raise ValueError(f"{len(ids)} tokens do not fill one block of {seq_len}")
     used = count * seq_len
+    # The stream ends with an EOS that predicts nothing, so a missing last target is never read.
+    following = ids[1 : used + 1] + [0] * (used + 1 - len(ids))
     return Blocks(
         torch.tensor(ids[:used], dtype=torch.long).view(count, seq_len),
         torch.tensor(predicts[:used], dtype=torch.bool).view(count, seq_len),
+        torch.tensor(following, dtype=torch.long).view(count, seq_len),
     )
 
 

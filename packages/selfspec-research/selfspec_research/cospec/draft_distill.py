@@ -8,6 +8,11 @@ rarely. Distillation fixes that cheaply: a LoRA on the draft's attention and MLP
 projections, trained with KL(teacher || draft) at temperature 1 (optionally plus
 cross-entropy on the teacher's argmax) on the thinker's task traces.
 
+A draft can instead (or as well) learn the tasks themselves: `reference_weight` puts
+cross-entropy on the traces' reference tokens, the labels the thinker was trained on. A
+draft that only imitates its target can never solve an item the target fails; one trained
+on the references can, which is the complementarity CoSpec's arbitrator needs.
+
 Three choices shape it:
 
 * **The target is never modified.** `own_layers_draft` gives the draft deep copies of the
@@ -98,6 +103,7 @@ class DistillConfig:
     target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
     kl_weight: float = 1.0
     ce_weight: float = 0.0  # cross-entropy on the teacher's argmax, added to the KL
+    reference_weight: float = 0.0  # cross-entropy on the data's reference tokens (learns the tasks, not the target)
     temperature: float = 1.0
     data_version: str | None = None  # None: the thinker's default (`thinker.data_versions.DATA_VERSION`)
     families: tuple[str, ...] | None = None  # None: every family
@@ -132,8 +138,9 @@ class DistillConfig:
             raise ValueError(f"seq_len must be >= 8, got {self.seq_len}")
         if self.lr <= 0 or self.temperature <= 0:
             raise ValueError("lr and temperature must be positive")
-        if self.kl_weight < 0 or self.ce_weight < 0 or self.kl_weight + self.ce_weight == 0:
-            raise ValueError("kl_weight and ce_weight must be >= 0 and not both 0")
+        weights = (self.kl_weight, self.ce_weight, self.reference_weight)
+        if min(weights) < 0 or sum(weights) == 0:
+            raise ValueError("kl_weight, ce_weight and reference_weight must be >= 0 and not all 0")
         if self.data_seed == self.heldout_seed:
             raise ValueError(f"data_seed and heldout_seed must differ (both {self.data_seed})")
         if self.knobs is not None and not self.data_version:
@@ -308,13 +315,14 @@ def train_distilled_draft(
         parts = [indices[i : i + config.batch_size] for i in range(0, len(indices), config.batch_size)]
         counts = [int(blocks.mask[part].sum()) for part in parts]
         total = max(1, sum(counts))
-        totals = {"loss": 0.0, "kl": 0.0, "ce": 0.0, "agree": 0.0}
+        totals = {"loss": 0.0, "kl": 0.0, "ce": 0.0, "ref": 0.0, "agree": 0.0}
         for part, count in zip(parts, counts):
             if not count:
                 continue
             weight = count / total
             ids = blocks.ids[part].to(device, non_blocking=True)
             mask = blocks.mask[part].to(device, non_blocking=True)
+            reference = blocks.targets[part][blocks.mask[part]].to(device, non_blocking=True)
             with autocast():
                 with torch.no_grad():
                     teacher_logits = selected_logits(target, ids, mask)
@@ -325,6 +333,8 @@ def train_distilled_draft(
                 temperature=config.temperature,
                 kl_weight=config.kl_weight,
                 ce_weight=config.ce_weight,
+                reference=reference,
+                reference_weight=config.reference_weight,
             )
             (loss * weight).backward()
             for key in totals:
@@ -360,7 +370,7 @@ def train_distilled_draft(
         tokens_per_s = report.step * per_step * config.seq_len / max(report.seconds, 1e-9)
         return (
             f"step {report.step}/{report.planned} loss {entry['loss']:.4f} kl {entry['kl']:.4f} ce {entry['ce']:.4f} "
-            f"agree {entry['agree']:.3f} lr {report.lr:.2e} {tokens_per_s:.0f} tok/s"
+            f"ref {entry['ref']:.4f} agree {entry['agree']:.3f} lr {report.lr:.2e} {tokens_per_s:.0f} tok/s"
         )
 
     train_started = time.perf_counter()
@@ -439,7 +449,12 @@ def save_distilled_draft(
             "dropout": config.dropout,
             "target_modules": list(config.target_modules),
         },
-        "loss": {"kl_weight": config.kl_weight, "ce_weight": config.ce_weight, "temperature": config.temperature},
+        "loss": {
+            "kl_weight": config.kl_weight,
+            "ce_weight": config.ce_weight,
+            "reference_weight": config.reference_weight,
+            "temperature": config.temperature,
+        },
         "command": command,
         "data": result.data if result is not None else config.data_spec().describe(),
         "config": config.describe(),

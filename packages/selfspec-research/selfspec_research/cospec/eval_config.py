@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from selfspec_research.thinker.data_versions import HELDOUT_SEED
+from selfspec_research.thinker.data_versions import DATA_VERSIONS, HELDOUT_SEED
 
 DEFAULT_DRAFT = "layers:8"
 """SmolLM2-135M has 30 layers: the first 8 (+ norm + head) draft at ~1/4 of a target forward."""
@@ -40,6 +40,8 @@ class CoSpecEvalConfig:
     # steps are not cheap (on a GPU, where such steps are launch-bound, 8 of 30 layers cost
     # ~1/3 of a target step), so the best SpS K is small and differs from the arbitrator's K.
     sps_k: tuple[int, ...] = ()
+    # The thinker families' data version (None: thinker-data-v1's knobs); GSM8K and HumanEval ignore it.
+    data_version: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -57,6 +59,8 @@ class CoSpecEvalConfig:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.counterfactual_states < 0:
             raise ValueError(f"counterfactual_states must be >= 0, got {self.counterfactual_states}")
+        if self.data_version is not None and self.data_version not in DATA_VERSIONS:
+            raise ValueError(f"unknown data version {self.data_version!r}; built in: {', '.join(DATA_VERSIONS)}")
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,7 +25,7 @@ from selfspec.thinking.format import split_reasoning
 from selfspec_bench.datasets.gsm8k import load_gsm8k
 from selfspec_bench.datasets.humaneval import load_humaneval
 from selfspec_bench.scoring import score as score_sample
-from selfspec_research.thinker.data_versions import DEFAULT_TASK_KNOBS, TRAIN_SEED
+from selfspec_research.thinker.data_versions import DEFAULT_TASK_KNOBS, TRAIN_SEED, data_version_knobs
 from selfspec_research.thinker.tasks import check_many, format_training_text, generate_split, stable_rng
 from selfspec_research.thinker.tasks import families as thinker_families
 
@@ -86,10 +86,12 @@ def thinker_scorer(references: Sequence[Any], answers: Sequence[str]) -> list[tu
     return [(v.passed, float(v.score)) for v in check_many(list(references), list(answers))]
 
 
-def thinker_task(name: str, n: int, seed: int, start: int = 0) -> EvalTask:
+def thinker_task(name: str, n: int, seed: int, start: int = 0, data_version: str | None = None) -> EvalTask:
     """`n` items of thinker family `name` from stream `seed` (indices from `start`), with
-    the thinker-data-v1 knobs, run with thinking on (they are think→answer traces)."""
-    knobs = {name: dict(DEFAULT_TASK_KNOBS.get(name, {}))}
+    the knobs of `data_version` (None: thinker-data-v1's), run with thinking on (they are
+    think→answer traces). Harder versions are where a target fails items a draft may solve."""
+    family_knobs = data_version_knobs(data_version) if data_version is not None else DEFAULT_TASK_KNOBS
+    knobs = {name: dict(family_knobs.get(name, {}))}
     items = generate_split([name], seed, n, knobs=knobs, start=start)
     return EvalTask(
         name=name,
@@ -151,8 +153,10 @@ def build_task(
     gsm8k_path: str | None = None,
     exclude_gsm8k_ids: Sequence[str] = (),
     humaneval_path: str | None = None,
+    data_version: str | None = None,
 ) -> EvalTask:
-    """`n` held-out items of task `name` (GSM8K: none of `exclude_gsm8k_ids`)."""
+    """`n` held-out items of task `name` (GSM8K: none of `exclude_gsm8k_ids`; thinker
+    families: with `data_version`'s knobs, None: thinker-data-v1's)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if name == GSM8K:
@@ -161,7 +165,7 @@ def build_task(
         return _dataset_task(HUMANEVAL, load_humaneval(path=humaneval_path), n, seed)  # nothing trains on HumanEval
     if name not in thinker_families():
         raise ValueError(f"unknown task {name!r}; known: {', '.join(known_tasks())}")
-    return thinker_task(name, n, seed)
+    return thinker_task(name, n, seed, data_version=data_version)
 
 
 __all__ = [

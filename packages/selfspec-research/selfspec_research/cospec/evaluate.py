@@ -117,6 +117,7 @@ def run_cospec_eval(
             gsm8k_path=config.gsm8k_path,
             exclude_gsm8k_ids=trained_gsm8k,
             humaneval_path=config.humaneval_path,
+            data_version=config.data_version,
         )
         for name in config.tasks
     ]

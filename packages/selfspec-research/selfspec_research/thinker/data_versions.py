@@ -109,13 +109,77 @@ V4_TASK_KNOBS: dict[str, dict[str, Any]] = {
     "arithmetic_search": {**V3_TASK_KNOBS["arithmetic_search"], "version": 3},
 }
 
+DATA_VERSION_HARD_V1 = "thinker-data-hard-v1"
+"""Harder items of the families' latest versions (those of thinker-data-v4), knobs only:
+more methods, records, stations, lines, hops and puzzles, larger numbers and targets. Why:
+on v3/v4 items the thinker solves nearly everything, so nothing is left for a draft to
+solve in its place; CoSpec's complementarity can only show where the target fails some
+items. Records keep 5 columns (every schema has 5 fields); prompt + CoT + answer stay
+mostly under ~3k SmolLM2 tokens."""
+
+HARD_V1_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    "class_synthesis": {**V4_TASK_KNOBS["class_synthesis"], "min_methods": 4, "max_methods": 6},
+    "record_extraction": {
+        **V4_TASK_KNOBS["record_extraction"],
+        "min_records": 6,
+        "max_records": 9,
+        "min_columns": 5,
+        "max_columns": 5,
+    },
+    "route_finding": {
+        **V4_TASK_KNOBS["route_finding"],
+        "min_stations": 9,
+        "max_stations": 12,
+        "min_lines": 3,
+        "max_lines": 5,
+        "min_hops": 4,
+    },
+    "arithmetic_search": {
+        **V4_TASK_KNOBS["arithmetic_search"],
+        "min_puzzles": 6,
+        "max_puzzles": 8,
+        "max_number": 12,
+        "max_target": 199,
+    },
+}
+
+DATA_VERSION_HARD_V2 = "thinker-data-hard-v2"
+"""thinker-data-hard-v1 scaled up once more (the same families and versions), so that a run
+can pick the level at which the target solves some but not all items."""
+
+HARD_V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    "class_synthesis": {**HARD_V1_TASK_KNOBS["class_synthesis"], "min_methods": 5, "max_methods": 7},
+    "record_extraction": {**HARD_V1_TASK_KNOBS["record_extraction"], "min_records": 9, "max_records": 13},
+    "route_finding": {
+        **HARD_V1_TASK_KNOBS["route_finding"],
+        "min_stations": 13,
+        "max_stations": 17,
+        "min_lines": 4,
+        "max_lines": 6,
+        "min_hops": 5,
+    },
+    "arithmetic_search": {
+        **HARD_V1_TASK_KNOBS["arithmetic_search"],
+        "min_puzzles": 8,
+        "max_puzzles": 10,
+        "max_number": 19,
+        "max_target": 399,
+    },
+}
+
 DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     DATA_VERSION: DEFAULT_TASK_KNOBS,
     DATA_VERSION_V2: V2_TASK_KNOBS,
     DATA_VERSION_V3: V3_TASK_KNOBS,
     DATA_VERSION_V4: V4_TASK_KNOBS,
+    DATA_VERSION_HARD_V1: HARD_V1_TASK_KNOBS,
+    DATA_VERSION_HARD_V2: HARD_V2_TASK_KNOBS,
 }
 """The built-in data versions and their knobs (family -> knobs, "version" included)."""
+
+HARD_DATA_VERSIONS: tuple[str, ...] = (DATA_VERSION_HARD_V1, DATA_VERSION_HARD_V2)
+"""Evaluation levels beyond what the thinker was trained on, hardest last: their items are
+other items than the training versions' (larger knobs draw other streams)."""
 
 
 def data_version_knobs(version: str) -> dict[str, dict[str, Any]]:
