@@ -28,6 +28,7 @@ from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import FinishReason
 from selfspec.spec.draft_gate import AcceptanceHistory
+from selfspec.spec.longest import thinking_proposer
 from selfspec.spec.ssr_core import (
     AnswerSpeculator,
     Draft,
@@ -39,7 +40,7 @@ from selfspec.spec.ssr_core import (
     cut_before_end,
     draft_proposer,
 )
-from selfspec.spec.suffix import GlobalSuffixHistory, SuffixProposer
+from selfspec.spec.suffix import GlobalSuffixHistory
 from selfspec.thinking.format import ThinkingFormat
 from selfspec.thinking.policy import Phase, ThinkingLimits, ThinkingPolicy
 
@@ -56,7 +57,7 @@ class DraftPolicy(SequencePolicy):
     def __init__(self, owner: "SSRPolicy", draft: Draft, earlier: list[Draft]) -> None:
         self.owner = owner
         self.draft = draft
-        self.proposer: SuffixProposer | None = draft_proposer(owner.config, earlier)
+        self.proposer = draft_proposer(owner.config, earlier)
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         if self.proposer is None:
@@ -130,9 +131,12 @@ class SSRPolicy(ThinkingPolicy):
     ) -> None:
         history = global_history if "global" in config.suffix_sources else None
         # Thinking-phase speculation (config.speculate_thinking) is the base policy's own
-        # proposer (SuffixDecoding over prompt + output), used here in the thinking phase only.
+        # proposer (SuffixDecoding, prompt lookup or the longer of both over prompt + output),
+        # used here in the thinking phase only.
         think_proposer = (
-            SuffixProposer(config.suffix.to_config(index_context=True)) if config.speculate_thinking else None
+            thinking_proposer(config.thinking_speculator, config.suffix.to_config(index_context=True))
+            if config.speculate_thinking
+            else None
         )
         super().__init__(fmt, limits, thinking=thinking, proposer=think_proposer, history=history)
         self.config = config
@@ -161,7 +165,7 @@ class SSRPolicy(ThinkingPolicy):
         return self.answer.propose(seq.token_ids, min(max_tokens, self._room_in_phase()))
 
     def _thinking_proposal(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
-        """CoT tokens from SuffixDecoding over prompt + output, cut before any token of the
+        """CoT tokens speculated over prompt + output, cut before any token of the
         end-of-thinking marker (`ssr_core.cut_before_end`)."""
         proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
         if proposal is None:

@@ -29,6 +29,7 @@ from pydantic import Field, model_validator
 from selfspec.engine.policy import Proposal
 from selfspec.spec.base import MethodConfig, MethodContext
 from selfspec.spec.draft_gate import AcceptanceHistory, DraftGate
+from selfspec.spec.longest import LongestProposer, ThinkingSpeculator, thinking_proposer
 from selfspec.spec.suffix import GlobalSuffixHistory, SuffixConfig, SuffixOptions, SuffixProposer
 
 ReuseMode = Literal["off", "prefix", "suffix", "prefix+suffix"]
@@ -74,6 +75,9 @@ class SSRConfig(MethodConfig):
       the task into their CoT and the CoT into the answer, so many CoT tokens come free
       while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
       always closed by a plain step and the draft verification starts aligned.
+    thinking_speculator: what speculates the CoT (and a draft's own context) under
+      `speculate_thinking`: "suffix" (SuffixDecoding), "ngram" (prompt lookup) or "longest"
+      (both, the longer candidate each step: `spec.longest`).
     converge_tokens: iterative drafting stops forking once the two newest drafts agree on their
       first `converge_tokens` tokens: the answer has settled in the CoT, so a later draft would
       cost rows and say the same (the newest runs on). None: fork at every budget.
@@ -110,6 +114,7 @@ class SSRConfig(MethodConfig):
     prefix_chunk_max: int = Field(64, ge=1, le=4096)
     suffix_backoff_max: int = Field(16, ge=0, le=4096)
     speculate_thinking: bool = False
+    thinking_speculator: ThinkingSpeculator = "suffix"
     converge_tokens: int | None = Field(None, ge=1)
     gate: Literal["always", "cost"] = "always"
     gate_acceptance: float = Field(0.5, gt=0.0, le=1.0)
@@ -210,14 +215,16 @@ def _measured(backend: DraftBackend) -> tuple[Any, int]:
     return measured if measured is not None else (None, 1)
 
 
-def draft_proposer(config: SSRConfig, earlier: list[Draft]) -> SuffixProposer | None:
+def draft_proposer(config: SSRConfig, earlier: list[Draft]):
     """What a new draft speculates from: earlier drafts (they mostly agree, so a later draft
     costs fewer steps), or its own context with thinking speculation (the answer copies the
     CoT). None: the draft decodes plainly."""
     usable = [d for d in earlier if d.tokens] if config.speculate_drafts else []
     proposer = None
     if config.speculate_thinking:
-        proposer = SuffixProposer(config.suffix.to_config(index_context=True))
+        proposer = thinking_proposer(config.thinking_speculator, config.suffix.to_config(index_context=True))
+        if usable and not hasattr(proposer, "add_source"):  # prompt lookup alone indexes no extra sources
+            proposer = LongestProposer([proposer, SuffixProposer(_UNCAPPED)])
     elif usable:
         proposer = SuffixProposer(_UNCAPPED)
     for d in usable:

@@ -241,16 +241,24 @@ class SuffixOptions(BaseModel):
 class SuffixDecodingConfig(MethodConfig):
     """Suffix decoding (the baseline vLLM calls `method: suffix`): SuffixDecoding over the
     request's prompt + output, and the shared history of past responses when "global" is among
-    `sources`. Speculates both phases (thinking and answer) under the thinking rules."""
+    `sources`. Speculates both phases (thinking and answer) under the thinking rules.
+    `with_prompt_lookup` proposes, each step, the longer of its candidate and prompt lookup's
+    (`spec.longest`): the two copy-based peers combined, without SSR."""
 
     method: Literal["suffix"] = "suffix"
     suffix: SuffixOptions = Field(default_factory=SuffixOptions)
     sources: list[Literal["prompt", "output", "global"]] = Field(default_factory=lambda: ["prompt", "output"])
+    with_prompt_lookup: bool = False
 
     def build(self, ctx: MethodContext) -> ThinkingPolicy:
         history = ctx.global_history if "global" in self.sources else None
         index_context = "prompt" in self.sources or "output" in self.sources
         proposer = SuffixProposer(self.suffix.to_config(index_context=index_context), global_history=history)
+        if self.with_prompt_lookup:
+            from selfspec.spec.longest import LongestProposer  # longest imports this module
+            from selfspec.spec.ngram import NgramProposer
+
+            proposer = LongestProposer([NgramProposer(), proposer])
         return ThinkingPolicy(
             ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=proposer, history=history
         )

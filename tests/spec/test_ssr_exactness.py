@@ -44,6 +44,23 @@ MODES = {
     "think-speculation": lambda b, d: SSRConfig(
         draft_budgets=[b], max_draft_len=d, speculate_thinking=True, suffix_sources=["draft", "prompt", "output"]
     ),
+    "think-prompt-lookup": lambda b, d: SSRConfig(
+        draft_budgets=[b],
+        max_draft_len=d,
+        speculate_thinking=True,
+        thinking_speculator="ngram",
+        suffix_sources=["draft", "prompt", "output"],
+    ),
+    "think-longest": lambda b, d: SSRConfig(
+        draft_budgets=[b],
+        max_draft_len=d,
+        speculate_thinking=True,
+        thinking_speculator="longest",
+        suffix_sources=["draft", "prompt", "output"],
+    ),
+    "iterative-think-ngram": lambda b, d: SSRConfig(
+        draft_interval=max(2, b // 2), max_draft_len=d, speculate_thinking=True, thinking_speculator="ngram"
+    ),
     "iterative-think": lambda b, d: SSRConfig(
         draft_interval=max(2, b // 2),
         max_draft_len=d,
@@ -56,6 +73,7 @@ MODES = {
     "suffix-decoding": lambda b, d: SuffixDecodingConfig(),
     "suffix-global": lambda b, d: SuffixDecodingConfig(sources=["prompt", "output", "global"]),
     "prompt-lookup": lambda b, d: PromptLookupConfig(),
+    "suffix+lookup": lambda b, d: SuffixDecodingConfig(with_prompt_lookup=True),
 }
 
 

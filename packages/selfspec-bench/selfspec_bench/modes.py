@@ -19,19 +19,22 @@ ENGINE_MODES = (
     "suffix",
     "prefix+suffix",
     "ssr+think",
+    "ssr+spec",
     "ssr-gated",
     "ssr+think-gated",
+    "ssr+spec-gated",
     "iterative",
     "iterative-converge",
     "suffix-decoding",
     "prompt-lookup",
+    "suffix+lookup",
     "sps",
     "ssr-off",
 )
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 CONVERGE_TOKENS = 32
 """iterative-converge's agreement length unless --converge-tokens says otherwise."""
-GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think"}
+GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think", "ssr+spec-gated": "ssr+spec"}
 """Modes with SSR's cost gate (`spec.draft_gate`) -> the fixed-budget mode they gate."""
 SKIPPED = "skipped"
 """The `mode` of a record saying a sample was not run and why (`context_fit.py`); never a decoding mode."""
@@ -87,9 +90,15 @@ def spec_for(mode: str, s: BenchSettings):
         return None
     if mode in ("prefix", "suffix", "prefix+suffix"):
         return SSRConfig(draft_budgets=[s.draft_budget], reuse=mode, **ssr)
-    if mode == "ssr+think":  # prefix+suffix, and the CoT speculated by SuffixDecoding over prompt + output
+    if mode in ("ssr+think", "ssr+spec"):  # prefix+suffix, and the CoT speculated over prompt + output by
+        # SuffixDecoding (ssr+think) or by the longer of prompt lookup's and SuffixDecoding's candidates (ssr+spec)
         sources = list(dict.fromkeys([*s.suffix_sources, "prompt", "output"]))  # and in the answer, past the draft
-        return SSRConfig(draft_budgets=[s.draft_budget], speculate_thinking=True, **{**ssr, "suffix_sources": sources})
+        return SSRConfig(
+            draft_budgets=[s.draft_budget],
+            speculate_thinking=True,
+            thinking_speculator="suffix" if mode == "ssr+think" else "longest",
+            **{**ssr, "suffix_sources": sources},
+        )
     if mode in GATED_MODES:  # the same SSR, drafting only where the measured step costs say it pays
         return spec_for(GATED_MODES[mode], s).model_copy(update={"gate": "cost"})
     if mode == "ssr-off":  # drafts made and thrown away: the overhead of drafting alone
@@ -106,6 +115,8 @@ def spec_for(mode: str, s: BenchSettings):
         return SuffixDecodingConfig(suffix=s.suffix, sources=["prompt", "output"])
     if mode == "prompt-lookup":
         return PromptLookupConfig()
+    if mode == "suffix+lookup":  # the two copy-based peers combined: the longer candidate each step
+        return SuffixDecodingConfig(suffix=s.suffix, sources=["prompt", "output"], with_prompt_lookup=True)
     if mode == "sps":  # draft-model speculation; the LLM needs a draft (bench --draft layers:N)
         return DraftModelConfig()
     raise ValueError(f"unknown engine mode {mode!r}; choose from {', '.join(ALL_MODES)}")
