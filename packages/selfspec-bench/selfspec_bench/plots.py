@@ -17,7 +17,19 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 
 COT_COLOR, ANSWER_COLOR, TOTAL_COLOR = "#4C72B0", "#DD8452", "#8C8C8C"
 # Modes whose work depends on the draft budget; the others are references on the budget plot.
-DRAFT_MODES = ("prefix", "suffix", "prefix+suffix", "ssr+think", "iterative", "ssr-off")
+DRAFT_MODES = (
+    "prefix",
+    "suffix",
+    "prefix+suffix",
+    "ssr+think",
+    "ssr+spec",
+    "ssr-gated",
+    "ssr+think-gated",
+    "ssr+spec-gated",
+    "iterative",
+    "iterative-converge",
+    "ssr-off",
+)
 
 
 def plot_latency_split(title: str, table: dict[str, dict[str, Any]], path: Path) -> Path:

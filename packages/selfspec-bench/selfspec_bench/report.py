@@ -7,8 +7,9 @@ get a second table without them: a small model forced past EOS at fixed length r
 itself, and a draft of the same loop "matches" for free, which flatters every draft mode.
 
 This module decides what a report holds and in what order; the figures come from
-`records.py`, the checks from `run_checks.py`, the verdicts against the paper from
-`paper.py`, the tables from `tables.py` and the pictures from `plots.py`.
+`records.py`, the checks from `run_checks.py`, the comparison with the best peer (the report's
+lead) from `peers.py`, the verdicts against the paper from `paper.py`, the tables from
+`tables.py` and the pictures from `plots.py`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from selfspec_bench.paper import (
     paper_beside,
     paper_table,
 )
+from selfspec_bench.peers import peer_section
 from selfspec_bench.records import (
     BASELINE,
     BUDGET_KEYS,
@@ -102,6 +104,9 @@ def build_report(inputs: list[Path], out_dir: Path) -> Path:
         "",
     ]
     summary: dict[str, Any] = {"inputs": [str(p) for p in inputs], "n_records": len(records), "groups": []}
+    # First: is SSR faster than the methods a user already has? Then the paper, the ablation, each run.
+    peers_md, summary["against_best_peer"] = peer_section(groups)
+    md += peers_md
     comparison_md, summary["ours_beside_theirs"] = ours_beside_theirs(groups)
     md += comparison_md
     ablation_md, summary["reuse_ablation"] = ablation_section(groups)
