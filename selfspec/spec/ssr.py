@@ -143,7 +143,7 @@ class SSRPolicy(ThinkingPolicy):
         self.schedule = DraftSchedule(config, self.limits.cot_cap, self.thinking, acceptance)
         self.acceptance = acceptance
         variants = (fmt.end_variants or (fmt.end_ids,)) if fmt is not None else ()
-        self.answer = AnswerSpeculator(config, variants, global_history=global_history)
+        self.answer = AnswerSpeculator(config, variants, global_history=global_history, context_proposer=self.proposer)
         # CoT proposals never cross an end-of-thinking token (see _thinking_proposal).
         self._end_token_ids: frozenset[int] = frozenset()
         if self.proposer is not None and self.thinking:

@@ -333,15 +333,21 @@ class AnswerSpeculator:
     decoding, with back-off while suffix proposals fail.
 
     `end_variants` are the tokenizations of the end-of-thinking marker (aligning a context that
-    the model closed itself with the draft's anchor)."""
+    the model closed itself with the draft's anchor). `context_proposer` is the proposer that
+    speculated the chain of thought (thinking speculation), already indexed over the context: past
+    the draft it proposes beside the draft-backed suffix stage (the longer candidate wins), and
+    without a usable draft (none forked, the gate declined, all cancelled empty) the answer is
+    speculated with it alone, so SSR composed with a peer never answers slower than that peer."""
 
     def __init__(
         self,
         config: SSRConfig,
         end_variants: Sequence[Sequence[int]],
         global_history: GlobalSuffixHistory | None = None,
+        context_proposer=None,
     ) -> None:
         self.config = config
+        self.context_proposer = context_proposer
         self.end_variants = [tuple(v) for v in end_variants]
         self.global_history = global_history if "global" in config.suffix_sources else None
         self.stage = SSRStage.THINKING
@@ -365,13 +371,22 @@ class AnswerSpeculator:
         stage. `drafts` are the usable ones (with tokens), oldest first."""
         reuse = self.config.reuse
         if not drafts or reuse == "off":
-            self.stage = SSRStage.PLAIN
+            self.suffix_proposer = self.context_proposer
+            self.stage = SSRStage.SUFFIX if self.suffix_proposer is not None else SSRStage.PLAIN
             return
         newest = drafts[-1]
         self.verified_draft = newest
         self.prefix_source = newest.source  # frozen: the draft was cancelled or had finished
         if reuse in ("suffix", "prefix+suffix"):
             self.suffix_proposer = self._make_suffix_proposer(drafts)
+            sources = self.config.suffix_sources
+            indexed = "prompt" in sources or "output" in sources
+            if self.context_proposer is not None and not (self.config.thinking_speculator == "suffix" and indexed):
+                # A SuffixDecoding CoT speculator adds nothing where the draft-backed index already
+                # covers prompt + output; otherwise (prompt lookup) it proposes beside it.
+                self.suffix_proposer = LongestProposer([self.context_proposer, self.suffix_proposer])
+        else:
+            self.suffix_proposer = self.context_proposer
         if reuse in ("prefix", "prefix+suffix"):
             self.prefix_cursor = self._align(context, newest.anchor)
             self.prefix_start = self.prefix_cursor
@@ -395,7 +410,7 @@ class AnswerSpeculator:
                     return i + n
         return len(anchor)
 
-    def _make_suffix_proposer(self, drafts: list[Draft]) -> SuffixProposer:
+    def _make_suffix_proposer(self, drafts: list[Draft]):
         sources = self.config.suffix_sources
         index_context = "prompt" in sources or "output" in sources
         proposer = SuffixProposer(

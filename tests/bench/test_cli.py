@@ -21,10 +21,12 @@ MODES = [
     "prefix",
     "prefix+suffix",
     "ssr+think-gated",
+    "ssr+lookup",
     "iterative",
     "iterative-converge",
     "suffix-decoding",
     "prompt-lookup",
+    "suffix+lookup",
     "hf-generate",
 ]
 LIMITS = ["--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "16"]

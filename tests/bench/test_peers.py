@@ -38,9 +38,11 @@ def test_ours_are_every_ssr_engine_mode():
         "prefix+suffix",
         "ssr+think",
         "ssr+spec",
+        "ssr+lookup",
         "ssr-gated",
         "ssr+think-gated",
         "ssr+spec-gated",
+        "ssr+lookup-gated",
         "iterative",
         "iterative-converge",
     )

@@ -58,6 +58,9 @@ MODES = {
         thinking_speculator="longest",
         suffix_sources=["draft", "prompt", "output"],
     ),
+    "think-lookup-no-draft": lambda b, d: SSRConfig(  # the budget is past every CoT: no fork
+        draft_budgets=[100_000], max_draft_len=d, speculate_thinking=True, thinking_speculator="ngram"
+    ),
     "iterative-think-ngram": lambda b, d: SSRConfig(
         draft_interval=max(2, b // 2), max_draft_len=d, speculate_thinking=True, thinking_speculator="ngram"
     ),

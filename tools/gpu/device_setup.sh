@@ -17,9 +17,10 @@ if [ -d .device/whl ]; then
   marker=/tmp/site/.installed-$(ls .device/whl | md5sum | cut -c1-8)
   [ -f "$marker" ] || { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/whl/*.whl && touch "$marker"; }
 fi
-# `selfspec bench` (and `thinker`, `cospec`) are entry points of the separately installed parts: without their
-# metadata on the path the CLI has no such commands. Installed once, without dependencies, from the tree.
-for part in selfspec-bench selfspec-research; do
+# `selfspec bench` (and `thinker`, `cospec`) are entry points of the separately installed parts, and the shipped
+# adapters (smollm2-thinker-v4b, ...) live in selfspec-weights: without them on the path the CLI has no such
+# commands and no such models. Installed once, without dependencies, from the tree.
+for part in selfspec-bench selfspec-research selfspec-weights; do
   [ -d "packages/$part" ] && ! ls -d /tmp/site/"${part//-/_}"-*.dist-info >/dev/null 2>&1 \
     && python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site "./packages/$part"
 done

@@ -20,9 +20,11 @@ ENGINE_MODES = (
     "prefix+suffix",
     "ssr+think",
     "ssr+spec",
+    "ssr+lookup",
     "ssr-gated",
     "ssr+think-gated",
     "ssr+spec-gated",
+    "ssr+lookup-gated",
     "iterative",
     "iterative-converge",
     "suffix-decoding",
@@ -34,7 +36,10 @@ ENGINE_MODES = (
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 CONVERGE_TOKENS = 32
 """iterative-converge's agreement length unless --converge-tokens says otherwise."""
-GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think", "ssr+spec-gated": "ssr+spec"}
+COMPOSED_MODES = {"ssr+think": "suffix", "ssr+spec": "longest", "ssr+lookup": "ngram"}
+"""SSR composed with a peer inside the thinking -> what speculates the CoT (`SSRConfig.thinking_speculator`):
+SuffixDecoding, the longer of prompt lookup's and SuffixDecoding's candidates, prompt lookup."""
+GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think", "ssr+spec-gated": "ssr+spec", "ssr+lookup-gated": "ssr+lookup"}
 """Modes with SSR's cost gate (`spec.draft_gate`) -> the fixed-budget mode they gate."""
 SKIPPED = "skipped"
 """The `mode` of a record saying a sample was not run and why (`context_fit.py`); never a decoding mode."""
@@ -90,13 +95,12 @@ def spec_for(mode: str, s: BenchSettings):
         return None
     if mode in ("prefix", "suffix", "prefix+suffix"):
         return SSRConfig(draft_budgets=[s.draft_budget], reuse=mode, **ssr)
-    if mode in ("ssr+think", "ssr+spec"):  # prefix+suffix, and the CoT speculated over prompt + output by
-        # SuffixDecoding (ssr+think) or by the longer of prompt lookup's and SuffixDecoding's candidates (ssr+spec)
-        sources = list(dict.fromkeys([*s.suffix_sources, "prompt", "output"]))  # and in the answer, past the draft
+    if mode in COMPOSED_MODES:  # prefix+suffix, and the CoT (then the answer past the draft) speculated too
+        sources = list(dict.fromkeys([*s.suffix_sources, "prompt", "output"]))
         return SSRConfig(
             draft_budgets=[s.draft_budget],
             speculate_thinking=True,
-            thinking_speculator="suffix" if mode == "ssr+think" else "longest",
+            thinking_speculator=COMPOSED_MODES[mode],
             **{**ssr, "suffix_sources": sources},
         )
     if mode in GATED_MODES:  # the same SSR, drafting only where the measured step costs say it pays

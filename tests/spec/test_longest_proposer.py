@@ -1,0 +1,86 @@
+"""The longer of several proposers' candidates, and the answer phase that keeps the CoT's speculator."""
+
+from __future__ import annotations
+
+from selfspec.engine.policy import Proposal
+from selfspec.spec.longest import LongestProposer, thinking_proposer
+from selfspec.spec.ngram import NgramProposer
+from selfspec.spec.ssr_core import AnswerSpeculator, SSRConfig, SSRStage
+from selfspec.spec.suffix import SuffixConfig, SuffixProposer
+
+
+class Fixed:
+    """A proposer that always proposes the same tokens and records what it saw."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.contexts: list[list[int]] = []
+        self.released = False
+
+    def propose(self, context, max_tokens: int) -> Proposal:
+        self.contexts.append(list(context))
+        return Proposal(tokens=self.tokens[:max_tokens])
+
+    def reset(self) -> None:
+        self.contexts.clear()
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_longest_candidate_wins_and_ties_go_to_the_first():
+    short, long_, other = Fixed([1, 2]), Fixed([3, 4, 5]), Fixed([6, 7, 8])
+    proposer = LongestProposer([short, long_, other])
+    assert proposer.propose([9, 9], 8).tokens == [3, 4, 5]
+    assert proposer.chosen_counts == [0, 1, 0]
+    # The budget applies to every child: cut to 2, all tie and the first wins.
+    assert proposer.propose([9, 9, 9], 2).tokens == [1, 2]
+    assert proposer.chosen_counts == [1, 1, 0]
+    # Every child saw every context, so an unchosen child stays current.
+    assert all(len(p.contexts) == 2 for p in (short, long_, other))
+    proposer.release()
+    assert short.released and other.released
+
+
+def test_nothing_proposed_when_no_child_proposes():
+    proposer = LongestProposer([Fixed([]), Fixed([])])
+    assert proposer.propose([1, 2, 3], 8).tokens == []
+    assert proposer.chosen_counts == [0, 0]
+
+
+def test_lookup_and_suffix_combined_propose_what_the_longer_one_does():
+    context = [5, 6, 7, 8, 9, 10, 11, 12, 13, 5, 6, 7]
+    lookup = NgramProposer(num_tokens=10).propose(context, 16).tokens
+    suffix = SuffixProposer(SuffixConfig(index_context=True)).propose(context, 16).tokens
+    combined = thinking_proposer("longest", SuffixConfig(index_context=True)).propose(context, 16).tokens
+    assert combined == (lookup if len(lookup) >= len(suffix) else suffix)
+    assert combined[:3] == [8, 9, 10]
+
+
+def test_sources_reach_the_children_that_index_them():
+    suffix = SuffixProposer(SuffixConfig())
+    proposer = LongestProposer([NgramProposer(), suffix])
+    proposer.add_source("draft:0", [1, 2, 3, 4, 5])
+    assert "draft:0" in suffix.source_names
+
+
+def _answer(config: SSRConfig, context_proposer) -> AnswerSpeculator:
+    return AnswerSpeculator(config, end_variants=[(99,)], context_proposer=context_proposer)
+
+
+def test_answer_without_a_draft_keeps_the_thinking_speculator():
+    """A gate that declined every draft must not leave the answer unspeculated."""
+    config = SSRConfig(draft_budgets=[10], speculate_thinking=True, thinking_speculator="ngram", gate="cost")
+    answer = _answer(config, NgramProposer())
+    context = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    answer.start(context, drafts=[])
+    assert answer.stage is SSRStage.SUFFIX
+    proposal = answer.propose(context, 8)
+    assert proposal is not None and proposal.tokens[:3] == [4, 5, 6]
+
+
+def test_answer_without_a_draft_or_thinking_speculation_decodes_plainly():
+    answer = _answer(SSRConfig(draft_budgets=[10]), None)
+    answer.start([1, 2, 3], drafts=[])
+    assert answer.stage is SSRStage.PLAIN
+    assert answer.propose([1, 2, 3], 8) is None
