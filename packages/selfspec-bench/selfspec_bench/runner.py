@@ -122,6 +122,10 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         "draft_tokens": m.get("draft_tokens", 0),
         "draft_forwards": m.get("draft_forwards", 0),
         "mean_acceptance_length": m.get("mean_acceptance_length"),
+        # Per-phase forwards and the cost gate's decisions (SSR modes): where a composed mode's time went.
+        "thinking_verify_steps": m.get("thinking_verify_steps"),
+        "answer_forwards": m.get("answer_forwards"),
+        "draft_gate": m.get("draft_gate"),
         "oracle_speedup": (cot + len(answer)) / (cot + 1) if cot else None,
         "output_hash": token_hash(r.token_ids),
         "answer_distinct4": distinct_ngram_ratio(answer),
