@@ -107,7 +107,11 @@ def generate(
     speculate_thinking: bool = typer.Option(
         False,
         "--speculate-thinking",
-        help="With --ssr: also speculate the CoT and the drafts by suffix decoding over their own context.",
+        help="With --ssr: also speculate the CoT, the drafts and the answer past the draft over their own context.",
+    ),
+    thinking_speculator: str = typer.Option(
+        "suffix",
+        help="With --speculate-thinking: suffix (SuffixDecoding) | ngram (prompt lookup) | longest (the longer of both each step).",
     ),
     gate: str = typer.Option(
         "always",
@@ -143,6 +147,7 @@ def generate(
                 max_draft_len=max_draft,
                 reuse=reuse,
                 speculate_thinking=speculate_thinking,
+                thinking_speculator=thinking_speculator,
                 suffix_sources=sources,
                 gate=gate,
             )

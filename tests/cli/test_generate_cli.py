@@ -22,7 +22,11 @@ def _reply(output: str) -> str:
     return re.split(r"\n\d+ tokens in ", text)[0]
 
 
-@pytest.mark.parametrize("extra", [["--ssr"], ["--ssr", "--speculate-thinking"]], ids=["ssr", "ssr+think"])
+@pytest.mark.parametrize(
+    "extra",
+    [["--ssr"], ["--ssr", "--speculate-thinking"], ["--ssr", "--speculate-thinking", "--thinking-speculator", "ngram"]],
+    ids=["ssr", "ssr+think", "ssr+lookup"],
+)
 def test_generate_ssr_flags_give_the_plain_output(tiny_dir, extra):
     common = [
         "generate",
@@ -62,3 +66,10 @@ def test_generate_takes_a_tokenizer_directory_and_names_a_wrong_one(tiny_dir, tm
     assert _reply(other.output) == _reply(own.output)  # the same tokenizer files: the same reply
     wrong = CliRunner().invoke(app, [*common, "--tokenizer", str(tmp_path / "nowhere")])
     assert wrong.exit_code == 2 and "not a tokenizer directory" in " ".join(wrong.output.split())
+
+
+def test_generate_names_an_unknown_thinking_speculator(tiny_dir):
+    args = ["generate", "hi", "--model", str(tiny_dir), "--ssr", "--speculate-thinking"]
+    result = CliRunner().invoke(app, [*args, "--thinking-speculator", "bogus"])
+    assert result.exit_code == 2, result.output
+    assert "thinking_speculator" in result.output
