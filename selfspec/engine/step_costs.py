@@ -19,6 +19,8 @@ from collections import deque
 
 WINDOW = 48
 """Samples kept per shape: enough for a stable median, few enough to follow a change of load."""
+MIN_SAMPLES = 4
+"""Samples a shape needs before its median is used."""
 
 
 def _bucket(tokens: int) -> int:
@@ -44,7 +46,7 @@ class StepCosts:
             samples = self._samples[key] = deque(maxlen=WINDOW)
         samples.append(seconds / row_tokens[0])
 
-    def seconds(self, rows: int, tokens: int = 1, min_samples: int = 4) -> float | None:
+    def seconds(self, rows: int, tokens: int = 1, min_samples: int = MIN_SAMPLES) -> float | None:
         """Median seconds of a step of `rows` rows of `tokens` tokens each (from the steps of the
         same token bucket); None until measured."""
         samples = self._samples.get((rows, _bucket(tokens)))
@@ -53,11 +55,23 @@ class StepCosts:
         return statistics.median(samples) * tokens
 
     def row_cost(self, rows: int) -> float | None:
-        """What one more decode row adds to a step of `rows` decode rows, as a fraction of that
-        step (0.05: 5% slower). None until both shapes are measured."""
-        base, more = self.seconds(rows), self.seconds(rows + 1)
-        if base is None or more is None:
+        """What one more row adds to a step of `rows` rows, as a fraction of that step (0.05: 5%
+        slower), at the tokens-per-row bucket the engine ran most often in both shapes. Plain SSR
+        decodes (one token per row); composed with speculation in the thinking, parent and draft
+        both verify several tokens per step, and rare one-token steps are no measure of those.
+        None until both shapes of some bucket are measured."""
+        best: tuple[int, int] | None = None  # (samples of the scarcer shape, bucket)
+        for r, bucket in self._samples:
+            if r != rows or (rows + 1, bucket) not in self._samples:
+                continue
+            count = min(len(self._samples[(rows, bucket)]), len(self._samples[(rows + 1, bucket)]))
+            if count < MIN_SAMPLES:
+                continue
+            if best is None or (count, -bucket) > (best[0], -best[1]):
+                best = (count, bucket)
+        if best is None:
             return None
+        base, more = self.seconds(rows, best[1]), self.seconds(rows + 1, best[1])
         return max(0.0, more / base - 1.0)
 
     def verify_token_cost(self) -> float | None:

@@ -275,7 +275,12 @@ def test_adapter_loads_by_name_merged(cli_adapter, tiny_dir, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize(
-    "name,data_version", [("smollm2-thinker", "thinker-data-v1"), ("smollm2-thinker-v4b", "thinker-data-v3"), ("smollm2-thinker-v5", "thinker-data-v4")]
+    "name,data_version",
+    [
+        ("smollm2-thinker", "thinker-data-v1"),
+        ("smollm2-thinker-v4b", "thinker-data-v3"),
+        ("smollm2-thinker-v5", "thinker-data-v4"),
+    ],
 )
 def test_packaged_thinker_adapter_is_complete_and_small(name, data_version):
     directory = registry.PACKAGED_ADAPTERS_DIR / name

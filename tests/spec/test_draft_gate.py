@@ -37,6 +37,24 @@ def test_step_costs_by_shape():
     assert costs.summary().keys() == {"1x1", "2x1", "1x64"}
 
 
+def test_row_cost_is_read_where_the_steps_run():
+    """Composed with speculation in the thinking, parent and draft verify 16 tokens a step:
+    the few one-token steps (a draft's first) say nothing about what the extra row costs."""
+    costs = StepCosts()
+    for _ in range(40):
+        costs.observe([16], 0.010)
+        costs.observe([16, 16], 0.011)
+    for _ in range(5):
+        costs.observe([1], 0.008)
+        costs.observe([1, 1], 0.016)  # stalls of a draft's first steps
+    assert costs.row_cost(1) == pytest.approx(0.10)
+    for _ in range(48):  # once one-token steps dominate, they are the measure
+        costs.observe([1], 0.008)
+        costs.observe([1, 1], 0.0088)
+    assert costs.row_cost(1) == pytest.approx(0.10)
+    assert StepCosts().row_cost(1) is None
+
+
 def test_step_costs_median_ignores_stalls():
     costs = _costs({1: 0.10})
     costs.observe([1], 5.0)  # one stall among eight

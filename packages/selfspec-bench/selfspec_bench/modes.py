@@ -39,7 +39,12 @@ CONVERGE_TOKENS = 32
 COMPOSED_MODES = {"ssr+think": "suffix", "ssr+spec": "longest", "ssr+lookup": "ngram"}
 """SSR composed with a peer inside the thinking -> what speculates the CoT (`SSRConfig.thinking_speculator`):
 SuffixDecoding, the longer of prompt lookup's and SuffixDecoding's candidates, prompt lookup."""
-GATED_MODES = {"ssr-gated": "prefix+suffix", "ssr+think-gated": "ssr+think", "ssr+spec-gated": "ssr+spec", "ssr+lookup-gated": "ssr+lookup"}
+GATED_MODES = {
+    "ssr-gated": "prefix+suffix",
+    "ssr+think-gated": "ssr+think",
+    "ssr+spec-gated": "ssr+spec",
+    "ssr+lookup-gated": "ssr+lookup",
+}
 """Modes with SSR's cost gate (`spec.draft_gate`) -> the fixed-budget mode they gate."""
 SKIPPED = "skipped"
 """The `mode` of a record saying a sample was not run and why (`context_fit.py`); never a decoding mode."""
