@@ -22,6 +22,11 @@ class EngineConfig:
     # Long drafts are verified in chunks of this many proposals (static forwards: at most the
     # largest token bucket less the pending token, so a verify chunk never runs eagerly).
     max_proposal_tokens: int = 64
+    # Under load: at most this many tokens fed per forward across the batch, each row's proposal
+    # cut to an equal share of what the pending tokens leave (None: no limit). A batch-1 verify of
+    # 16 tokens costs about a decode step; sixteen rows of 16 make a forward compute-bound, where
+    # speculation that helps one request alone slows the whole batch. Outputs are unchanged.
+    max_step_tokens: int | None = None
     # CUDA graphs for decode/verify steps (None: on when the model is on a CUDA device).
     cuda_graphs: bool | None = None
     # Static-shape forwards without capture: the graph path's bucketing on any device (tests).
@@ -51,5 +56,7 @@ class EngineConfig:
             raise ValueError("prefill_chunk and max_prefill_tokens_per_step must be >= 1")
         if self.max_proposal_tokens < 1:
             raise ValueError("max_proposal_tokens must be >= 1")
+        if self.max_step_tokens is not None and self.max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1 (or None), got {self.max_step_tokens}")
         if self.static_padding_budget < 0:
             raise ValueError(f"static_padding_budget must be >= 0, got {self.static_padding_budget}")

@@ -126,6 +126,7 @@ class Engine:
         )
         self.max_len = max_len
         self._max_proposal = self._proposal_cap()
+        self._step_room = self._max_proposal  # this step's share under max_step_tokens (`_batch_room`)
         self.device = device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else eos_ids(model, tokenizer))
@@ -312,7 +313,9 @@ class Engine:
         # tokens' K/V come from a forward of the baseline's own shape: in bf16 a forward of another
         # length rounds differently, and every later logit would carry other bits. Speculation
         # resumes one step later.
-        grouped = self._grouped_proposals([seq for seq, take in plan if len(seq.token_ids) - seq.num_cached == 1])
+        proposing = [seq for seq, take in plan if len(seq.token_ids) - seq.num_cached == 1]
+        self._step_room = self._batch_room(plan, len(proposing))
+        grouped = self._grouped_proposals(proposing)
         for seq, take in plan:
             pending = len(seq.token_ids) - seq.num_cached
             if take < pending:
@@ -361,9 +364,19 @@ class Engine:
             event.finished = seq.is_finished
         return [event for event, _ in events]
 
+    def _batch_room(self, plan, proposing: int) -> int:
+        """Proposal tokens each proposing row may add this step under `max_step_tokens`: an
+        equal share of what the step's pending tokens leave (all of `_max_proposal` without it)."""
+        budget = self.config.max_step_tokens
+        if budget is None or proposing == 0:
+            return self._max_proposal
+        fed = sum(take for _, take in plan)
+        return max(0, min(self._max_proposal, (budget - fed) // proposing))
+
     def _proposal_room(self, seq: Sequence) -> int:
         return min(
             self._max_proposal,
+            self._step_room,
             self.max_len - len(seq.token_ids) - 1,
             seq.params.max_tokens - seq.num_output_tokens - 1,
         )

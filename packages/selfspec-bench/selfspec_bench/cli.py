@@ -110,6 +110,9 @@ def bench(
         min=1,
         help="Samples whose requests of a mode share the engine's batch (per-request latency); 1 = one at a time.",
     ),
+    max_step_tokens: Optional[int] = typer.Option(
+        None, min=1, help="At most this many tokens fed per forward across the batch; proposals shrink to fit."
+    ),
     draft: Optional[str] = typer.Option(
         None, help="Draft model for the sps mode: layers:N (the target's first N layers) or a model name/path."
     ),
@@ -177,6 +180,7 @@ def bench(
             suffix_backoff_max=suffix_backoff,
             seed=seed,
             concurrency=concurrency,
+            max_step_tokens=max_step_tokens,
             run_name=run_name.strip() if run_name and run_name.strip() else None,
         )
     except ValueError as err:  # pydantic's ValidationError is a ValueError
@@ -252,6 +256,7 @@ def bench(
         clamp_max_len=True,
         graph_buckets=buckets,
         static_shapes=token_buckets is not None,
+        max_step_tokens=max_step_tokens,
     )
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
     meta = {

@@ -70,6 +70,9 @@ class BenchSettings:
     # Samples whose requests of one mode run together in the engine's batch (per-request
     # latency = arrival to finish). 1 = one request at a time, as the paper measures.
     concurrency: int = 1
+    # Tokens one forward may feed across the batch (`EngineConfig.max_step_tokens`): under load,
+    # proposals shrink to fit. None: no limit.
+    max_step_tokens: int | None = None
     # A run that must stay apart from others of the same knobs: e.g. an ablation that runs the
     # baseline again beside modes a committed run lacks. Its records pair with their own baseline
     # (the report keys tables, and resume keys records, by the settings), not with another run's.
@@ -78,7 +81,7 @@ class BenchSettings:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["suffix"] = self.suffix.model_dump()
-        for key in ("run_name", "converge_tokens"):
+        for key in ("run_name", "converge_tokens", "max_step_tokens"):
             if d[key] is None:  # records keep the settings older files carry (resume)
                 del d[key]
         return d
