@@ -36,6 +36,7 @@ def load_llm(
     max_len: int | None = None,
     draft: str | None = None,
     tokenizer: str | None = None,
+    max_step_tokens: int | None = None,
 ):
     """The LLM to serve: a packaged name, GGUF file, local dir or hub id; or `tiny`.
 
@@ -45,13 +46,13 @@ def load_llm(
     from selfspec.engine.config import EngineConfig
     from selfspec.llm import LLM
 
-    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len)
+    engine_config = EngineConfig(num_slots=num_slots, max_len=max_len, max_step_tokens=max_step_tokens)
     if model == TINY_MODEL:
         from selfspec.testing.tiny import tiny_model, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
         net = tiny_model("qwen3", len(tokenizer), eos_token_id=tokenizer.eos_token_id)
-        engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or 512)
+        engine_config = EngineConfig(num_slots=num_slots, max_len=max_len or 512, max_step_tokens=max_step_tokens)
         return LLM.from_model(net, tokenizer, engine_config=engine_config, name=TINY_MODEL, draft=draft)
     llm = LLM(model, device=device, dtype=dtype, engine_config=engine_config, draft=draft, tokenizer=tokenizer)
     runner = llm.engine.runner
@@ -81,7 +82,13 @@ def parse_vllm_args(pairs: list[str]) -> dict[str, Any]:
 
 
 def check_backend_flags(
-    backend: str, vllm_args: list[str], *, draft: str | None, arbitrator: Path | None, speculation: str | None
+    backend: str,
+    vllm_args: list[str],
+    *,
+    draft: str | None,
+    arbitrator: Path | None,
+    speculation: str | None,
+    max_step_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Validate `--backend` and the flags that depend on it before any model loads; the vLLM
     engine arguments. ValueError names the flag; `VLLMUnsupportedError` says how to install vLLM."""
@@ -98,6 +105,10 @@ def check_backend_flags(
     ]
     if given:
         raise ValueError(f"{', '.join(given)}: not supported with --backend vllm (it serves plain decoding and SSR)")
+    if max_step_tokens is not None:
+        raise ValueError(
+            "--max-step-tokens is selfspec's engine budget; with --backend vllm pass --vllm-arg max_num_batched_tokens=N"
+        )
     args = parse_vllm_args(vllm_args)
     for key, flag in _VLLM_ARGS_WITH_FLAGS.items():
         if key in args:
@@ -275,6 +286,11 @@ def serve_command(
     max_len: Optional[int] = typer.Option(
         None, min=1, help="Context length per slot in tokens (default: the model's, at most 4096)."
     ),
+    max_step_tokens: Optional[int] = typer.Option(
+        None,
+        min=1,
+        help="At most this many tokens fed per forward across the batch: under load, speculation shrinks to fit.",
+    ),
     max_queue: int = typer.Option(64, help="Requests that may wait for a slot; beyond that, 429 with Retry-After."),
     request_timeout: float = typer.Option(
         600.0, help="Seconds after which a request is cancelled (a request may ask for less)."
@@ -382,7 +398,12 @@ def serve_command(
         )
         check_listen_address(host, port, log_level)
         engine_args = check_backend_flags(
-            backend, list(vllm_arg or []), draft=draft, arbitrator=arbitrator, speculation=speculation
+            backend,
+            list(vllm_arg or []),
+            draft=draft,
+            arbitrator=arbitrator,
+            speculation=speculation,
+            max_step_tokens=max_step_tokens,
         )
     except (ValueError, RuntimeError) as exc:  # RuntimeError: VLLMUnsupportedError (vLLM missing or untested)
         typer.echo(f"error: {exc}", err=True)
@@ -407,6 +428,7 @@ def serve_command(
                 max_len=max_len,
                 draft=draft,
                 tokenizer=tokenizer,
+                max_step_tokens=max_step_tokens,
             )
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
         typer.echo(f"error: could not load {model!r}: {exc}", err=True)

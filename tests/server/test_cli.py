@@ -71,6 +71,8 @@ def test_every_option_has_help(cli):
         (["--vllm-arg", "enforce_eager=true"], "--vllm-arg needs --backend vllm"),
         (["--backend", "vllm", "--speculation", "suffix"], "not supported with --backend vllm"),
         (["--backend", "vllm", "--draft", "layers:1"], "--draft"),
+        (["--backend", "vllm", "--max-step-tokens", "64"], "max_num_batched_tokens"),
+        (["--max-step-tokens", "0"], "--max-step-tokens"),
         (["--backend", "vllm", "--vllm-arg", "no equals sign"], "KEY=VALUE"),
         (["--backend", "vllm", "--vllm-arg", "dtype=float32"], "set it with --dtype"),
         (["--backend", "vllm", "--vllm-arg", "max_model_len=512"], "set it with --max-len"),
