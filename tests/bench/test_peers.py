@@ -154,3 +154,27 @@ def test_report_leads_with_the_section(tmp_path: Path, record, write_records):
     (entry,) = summary["against_best_peer"]
     assert entry["best_peer"] == "suffix+lookup" and entry["winner"] == "prefix+suffix"
     assert entry["ours"]["prefix+suffix"]["verdict"] == FASTER
+
+
+def test_runs_with_looping_baselines_get_the_comparison_without_them(record):
+    """Loops flatter copy-based speculation: the section repeats the comparison without those samples."""
+    records = _run(
+        record,
+        {
+            "baseline": [2.0] * 8,
+            "prompt-lookup": [0.4, 0.4, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],  # loops s0, s1 copy well
+            "ssr+lookup": [0.8, 0.8, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9],
+        },
+    )
+    for r in records:
+        if r["mode"] == "baseline" and r["sample_id"] in ("s0", "s1"):
+            r["loop"] = True
+    (group,) = group_records(records)
+    md, comparisons = peer_section([group])
+    (c,) = comparisons
+    clean = c["without_loops"]
+    assert clean["excluded_loop_samples"] == ["s0", "s1"]
+    assert clean["ours"]["ssr+lookup"]["n_pairs"] == 6
+    assert clean["ours"]["ssr+lookup"]["ratio_vs_best_peer"] > 1.0 > c["ours"]["ssr+lookup"]["ratio_vs_best_peer"]
+    assert "Without the samples whose baseline answer is a loop" in "\n".join(md)
+    assert peer_comparison(group, exclude=frozenset(SAMPLES)) is None

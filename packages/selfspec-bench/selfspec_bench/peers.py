@@ -93,14 +93,15 @@ def verdict(ci: tuple[float, float] | None, n: int) -> str:
     return NOISE
 
 
-def peer_comparison(group: Group) -> dict[str, Any] | None:
+def peer_comparison(group: Group, exclude: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     """One run's comparison: every mode's paired speedup, the best peer, each of ours against it,
     and the winner; None without a baseline, a peer and one of ours that pair with it.
 
     The best peer and the winner are chosen on the speedups the mode table shows (each mode paired
     with the baseline on the samples it ran); each ratio is taken on the samples where the baseline,
     the best peer and our mode all have a latency, so a sample one of them lacks counts for none."""
-    lat = _latencies(group)
+    lat = {mode: {s: x for s, x in per.items() if s not in exclude} for mode, per in _latencies(group).items()}
+    lat = {mode: per for mode, per in lat.items() if per}
     baseline = lat.get(BASELINE)
     if not baseline:
         return None
@@ -176,6 +177,37 @@ def peer_section(groups: list[Group]) -> tuple[list[str], list[dict[str, Any]]]:
     if not comparisons:
         names = ", ".join(PEER_MODES)
         return md + [f"No run has both one of our SSR modes and a peer ({names}) beside its baseline.", ""], []
+    # Loops flatter copy-based speculation (ours and the peers alike): the same comparison without
+    # the samples whose baseline answer loops, for every run that has any.
+    clean = []
+    for group in groups:
+        loops = frozenset(group.baseline_loop_samples())
+        if loops and (c := peer_comparison(group, exclude=loops)) is not None:
+            clean.append({**c, "excluded_loop_samples": sorted(loops)})
+    md += [
+        "Each of our SSR modes against the strongest method a user already has in the same run: the peer "
+        f"({', '.join(PEER_MODES)}) with the highest paired speedup over the baseline. *Ratio vs best peer* is "
+        "the mean over samples of best-peer latency / our latency, paired per sample on the samples where the "
+        "baseline, the best peer and our mode all ran (*n*); > 1 means ours is faster than the best peer in "
+        "the same run, < 1 slower. In brackets: the 95% paired bootstrap interval; *faster* or *slower* only "
+        f"where it lies wholly above or below 1, and fewer than {MIN_VERDICT_SAMPLES} pairs get no verdict. "
+        "Speedups are those of the run's mode table (with their n where a mode ran on fewer samples than the "
+        "baseline); the *winner* is the mode, baseline included, with the highest of them.",
+        "",
+        markdown(HEADERS, _rows(comparisons)),
+        "",
+    ]
+    if clean:
+        md += ["Without the samples whose baseline answer is a loop:", "", markdown(HEADERS, _rows(clean)), ""]
+    for c in comparisons:
+        match = next((k for k in clean if k["run"] == c["run"]), None)
+        if match is not None:
+            c["without_loops"] = match
+    return md, comparisons
+
+
+def _rows(comparisons: list[dict[str, Any]]) -> list[list[Any]]:
+    """One table row per run x our mode."""
     rows = []
     for c in comparisons:
         n_base = c["n_baseline"]
@@ -194,17 +226,4 @@ def peer_section(groups: list[Group]) -> tuple[list[str], list[dict[str, Any]]]:
                     winner,
                 ]
             )
-    md += [
-        "Each of our SSR modes against the strongest method a user already has in the same run: the peer "
-        f"({', '.join(PEER_MODES)}) with the highest paired speedup over the baseline. *Ratio vs best peer* is "
-        "the mean over samples of best-peer latency / our latency, paired per sample on the samples where the "
-        "baseline, the best peer and our mode all ran (*n*); > 1 means ours is faster than the best peer in "
-        "the same run, < 1 slower. In brackets: the 95% paired bootstrap interval; *faster* or *slower* only "
-        f"where it lies wholly above or below 1, and fewer than {MIN_VERDICT_SAMPLES} pairs get no verdict. "
-        "Speedups are those of the run's mode table (with their n where a mode ran on fewer samples than the "
-        "baseline); the *winner* is the mode, baseline included, with the highest of them.",
-        "",
-        markdown(HEADERS, rows),
-        "",
-    ]
-    return md, comparisons
+    return rows
