@@ -70,10 +70,11 @@ class SSRConfig(MethodConfig):
       the largest token bucket less the pending token, 63 by default). An early mismatch then costs
       a short verify; a matching draft still goes through in a few forwards. Where a k-token
       verify costs the same as a decode step (GPU), set both to 64.
-    speculate_thinking: the parent also speculates its chain of thought with SuffixDecoding
-      over its prompt and output (as the suffix-decoding mode does): thinking models copy
-      the task into their CoT and the CoT into the answer, so many CoT tokens come free
-      while the draft runs. Proposals stop before any end-of-thinking token, so thinking is
+    speculate_thinking: the parent also speculates its chain of thought over its prompt and
+      output (as the suffix-decoding and prompt-lookup peers do): thinking models copy the task
+      into their CoT and the CoT into the answer, so many CoT tokens come free while the draft
+      runs; the same proposer keeps proposing in the answer (beside the draft-backed suffix
+      stage, and alone where no draft is usable). Proposals stop before any end-of-thinking token, so thinking is
       always closed by a plain step and the draft verification starts aligned.
     thinking_speculator: what speculates the CoT (and a draft's own context) under
       `speculate_thinking`: "suffix" (SuffixDecoding), "ngram" (prompt lookup) or "longest"
