@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from selfspec_bench.peers import FASTER, NOISE, OURS, SLOWER, TOO_FEW, peer_comparison, peer_section, ratio_ci
+from selfspec_bench.peers import (
+    FASTER,
+    NOISE,
+    OURS,
+    PEER_MODES,
+    SLOWER,
+    TOO_FEW,
+    peer_comparison,
+    peer_section,
+    ratio_ci,
+)
 from selfspec_bench.records import group_records
 from selfspec_bench.report import build_report
 
@@ -32,20 +42,10 @@ def _one(records: list[dict]) -> dict:
 
 
 def test_ours_are_every_ssr_engine_mode():
-    assert OURS == (
-        "prefix",
-        "suffix",
-        "prefix+suffix",
-        "ssr+think",
-        "ssr+spec",
-        "ssr+lookup",
-        "ssr-gated",
-        "ssr+think-gated",
-        "ssr+spec-gated",
-        "ssr+lookup-gated",
-        "iterative",
-        "iterative-converge",
-    )
+    from selfspec_bench.modes import ENGINE_MODES
+
+    assert set(OURS) == set(ENGINE_MODES) - {"baseline", "ssr-off", *PEER_MODES}
+    assert {"prefix+suffix", "ssr+think", "ssr+lookup", "ssr+lookup-gated", "iterative-converge"} <= set(OURS)
 
 
 def test_best_peer_is_the_peer_with_the_highest_paired_speedup(record):

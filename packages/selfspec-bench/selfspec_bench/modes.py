@@ -33,6 +33,13 @@ ENGINE_MODES = (
     "sps",
     "ssr-off",
 )
+SSR_MODES = tuple(
+    m
+    for m in ENGINE_MODES
+    if m not in ("baseline", "ssr-off", "suffix-decoding", "prompt-lookup", "suffix+lookup", "sps")
+)
+"""The SSR methods (fixed budgets, gated, composed, iterative): every engine mode but the baseline, the
+peers and ssr-off (drafts thrown away: drafting's cost alone)."""
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 CONVERGE_TOKENS = 32
 """iterative-converge's agreement length unless --converge-tokens says otherwise."""

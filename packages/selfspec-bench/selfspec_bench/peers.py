@@ -14,21 +14,18 @@ import statistics
 from typing import Any
 
 import numpy as np
-from scipy.stats import bootstrap
 
-from selfspec_bench.modes import ENGINE_MODES
+from selfspec_bench.modes import SSR_MODES
 from selfspec_bench.paper import MIN_VERDICT_SAMPLES
-from selfspec_bench.records import BASELINE, BOOTSTRAP_RESAMPLES, Group, latency_of
+from selfspec_bench.records import BASELINE, BOOTSTRAP_RESAMPLES, Group, latency_of, paired_bootstrap_ci
 from selfspec_bench.tables import fmt, markdown
 
 PEER_MODES = ("suffix-decoding", "prompt-lookup", "suffix+lookup", "sps", "hf-prompt-lookup")
 """Methods users already have: the two copy-based speculators, both combined (the longer proposal
 each step), draft-model speculation, and transformers' prompt lookup."""
-DIAGNOSTIC_MODES = ("ssr-off",)
-"""Engine modes that are neither a method nor a peer: ssr-off throws its drafts away, measuring
-what drafting alone costs, so it must never be named ours or the winner."""
-OURS = tuple(m for m in ENGINE_MODES if m not in (BASELINE, *PEER_MODES, *DIAGNOSTIC_MODES))
-"""Every SSR engine mode, derived so that a mode added to `modes.ENGINE_MODES` is compared too."""
+OURS = SSR_MODES
+"""Every SSR mode (`modes.SSR_MODES`); ssr-off, which throws its drafts away to measure what
+drafting alone costs, is neither ours nor a peer and never the winner."""
 
 FASTER, SLOWER, NOISE, TOO_FEW = "faster than the best peer", "slower", "within noise", "too few samples"
 
@@ -60,20 +57,7 @@ def ratio_ci(
     whole samples keeps a long sample long for both. Percentile, as `records.latency_reduction_ci`
     (BCa has no interval where every resample gives the same ratio); seeded, so a rebuilt report
     is identical. None below two pairs."""
-    if len(pairs) < 2:
-        return None
-    peer, ours = np.asarray(pairs, dtype=np.float64).T
-    result = bootstrap(
-        (peer, ours),
-        _mean_ratio,
-        paired=True,
-        vectorized=True,
-        n_resamples=resamples,
-        confidence_level=level,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    return paired_bootstrap_ci(pairs, _mean_ratio, level=level, resamples=resamples, seed=seed)
 
 
 def _mean_ratio(peer: np.ndarray, ours: np.ndarray, axis: int = -1) -> np.ndarray:

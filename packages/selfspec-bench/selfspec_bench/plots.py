@@ -12,26 +12,14 @@ from typing import Any
 
 import matplotlib
 
+from selfspec_bench.modes import SSR_MODES
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 COT_COLOR, ANSWER_COLOR, TOTAL_COLOR = "#4C72B0", "#DD8452", "#8C8C8C"
 # Modes whose work depends on the draft budget; the others are references on the budget plot.
-DRAFT_MODES = (
-    "prefix",
-    "suffix",
-    "prefix+suffix",
-    "ssr+think",
-    "ssr+spec",
-    "ssr+lookup",
-    "ssr-gated",
-    "ssr+think-gated",
-    "ssr+spec-gated",
-    "ssr+lookup-gated",
-    "iterative",
-    "iterative-converge",
-    "ssr-off",
-)
+DRAFT_MODES = (*SSR_MODES, "ssr-off")
 
 
 def plot_latency_split(title: str, table: dict[str, dict[str, Any]], path: Path) -> Path:

@@ -155,12 +155,25 @@ def latency_reduction_ci(
     its baseline. Percentile, not BCa: BCa has no interval where every resample gives the same
     reduction (a mode that saves the same share on every sample). Seeded, so a rebuilt report is
     identical. None below two pairs."""
+    return paired_bootstrap_ci(pairs, _latency_reduction_pct, level=level, resamples=resamples, seed=seed)
+
+
+def paired_bootstrap_ci(
+    pairs: list[tuple[float, float]],
+    statistic,
+    *,
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of a vectorized `statistic(a, b, axis)` over paired samples,
+    resampling whole pairs (seeded: a rebuilt report is identical). None below two pairs."""
     if len(pairs) < 2:
         return None
-    baseline, mode = np.asarray(pairs, dtype=np.float64).T
+    first, second = np.asarray(pairs, dtype=np.float64).T
     result = bootstrap(
-        (baseline, mode),
-        _latency_reduction_pct,
+        (first, second),
+        statistic,
         paired=True,
         vectorized=True,
         n_resamples=resamples,
