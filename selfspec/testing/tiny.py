@@ -319,6 +319,17 @@ def tiny_model(
     return model
 
 
+def bigram_model(vocab_size: int, *, seed: int = 5, num_layers: int = 2, **kwargs) -> PreTrainedModel:
+    """A tiny llama whose attention output is zeroed: its next token depends on the current
+    token only, so the answer after the end of thinking is the same whatever the CoT and SSR's
+    drafts match (the acceptance paths get exercised). `kwargs` go to `tiny_model`."""
+    model = tiny_model("llama", vocab_size, seed=seed, num_layers=num_layers, **kwargs)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+    return model
+
+
 def save_tiny_model_dir(
     path: str | Path,
     family: Family,

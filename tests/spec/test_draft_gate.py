@@ -13,7 +13,7 @@ from selfspec.engine.step_costs import StepCosts
 from selfspec.llm import LLM
 from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, AcceptanceHistory, DraftGate
 from selfspec.spec.ssr import SSRConfig
-from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 
 
@@ -103,10 +103,7 @@ class _FixedCosts(StepCosts):
 @pytest.fixture(scope="module")
 def bigram_llm():
     tok = tiny_tokenizer()
-    model = tiny_model("llama", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()  # next token from the current one: drafts match
+    model = bigram_model(len(tok), eos_token_id=tok.eos_token_id)
     return LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=512))
 
 

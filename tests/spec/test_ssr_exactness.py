@@ -44,20 +44,16 @@ MODES = {
     "think-speculation": lambda b, d: SSRConfig(
         draft_budgets=[b], max_draft_len=d, speculate_thinking=True, suffix_sources=["draft", "prompt", "output"]
     ),
-    "think-prompt-lookup": lambda b, d: SSRConfig(
-        draft_budgets=[b],
-        max_draft_len=d,
-        speculate_thinking=True,
-        thinking_speculator="ngram",
-        suffix_sources=["draft", "prompt", "output"],
-    ),
-    "think-longest": lambda b, d: SSRConfig(
-        draft_budgets=[b],
-        max_draft_len=d,
-        speculate_thinking=True,
-        thinking_speculator="longest",
-        suffix_sources=["draft", "prompt", "output"],
-    ),
+    **{
+        f"think-{kind}": lambda b, d, kind=kind: SSRConfig(
+            draft_budgets=[b],
+            max_draft_len=d,
+            speculate_thinking=True,
+            thinking_speculator=kind,
+            suffix_sources=["draft", "prompt", "output"],
+        )
+        for kind in ("ngram", "longest")
+    },
     "think-lookup-no-draft": lambda b, d: SSRConfig(  # the budget is past every CoT: no fork
         draft_budgets=[100_000], max_draft_len=d, speculate_thinking=True, thinking_speculator="ngram"
     ),
