@@ -74,8 +74,9 @@ class SSRConfig(MethodConfig):
       output (as the suffix-decoding and prompt-lookup peers do): thinking models copy the task
       into their CoT and the CoT into the answer, so many CoT tokens come free while the draft
       runs; the same proposer keeps proposing in the answer (beside the draft-backed suffix
-      stage, and alone where no draft is usable). Proposals stop before any end-of-thinking token, so thinking is
-      always closed by a plain step and the draft verification starts aligned.
+      stage, and alone where no draft is usable). Proposals stop before any end-of-thinking
+      token, so thinking is always closed by a plain step and the draft verification starts
+      aligned.
     thinking_speculator: what speculates the CoT (and a draft's own context) under
       `speculate_thinking`: "suffix" (SuffixDecoding), "ngram" (prompt lookup) or "longest"
       (both, the longer candidate each step: `spec.longest`).
