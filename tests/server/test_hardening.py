@@ -198,11 +198,19 @@ def test_idle_and_half_sent_request_heads_are_closed(served, monkeypatch):
                 s.close()
 
 
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """The whole reply: head and body may arrive in separate segments, so one recv is not enough."""
+    chunks = []
+    while chunk := sock.recv(4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def test_a_stalled_body_gets_408(served):
     with BackgroundServer(create_app(served, ServerConfig(served_model_names=[MODEL], body_timeout_s=0.5))) as srv:
         with socket.create_connection(("127.0.0.1", srv.port)) as sock:
             head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
             sock.sendall(head + b'{"model": ')
             sock.settimeout(5.0)
-            reply = sock.recv(4096)
+            reply = _read_until_closed(sock)
         assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in reply
