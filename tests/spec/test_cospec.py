@@ -307,6 +307,7 @@ def test_arbitrated_verification_rule(probability, threshold, max_arbitrations, 
         "cospec_threshold": threshold,
         "arbitrations": len(arbitrator.calls),
         "kept_draft_tokens": kept,
+        "arbitration_prefix_window": "sliding",
     }
 
 

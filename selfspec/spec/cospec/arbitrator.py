@@ -107,22 +107,42 @@ def hybrid_layout(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torc
 
     The rule of the module docstring, computed with tensor ops on the lengths' device (the
     scalar `hybrid_mask`/`hybrid_positions` are one state of it), so a CUDA graph can build a
-    state's layout from three integers (no
-    [W, W] host tensors per decision: on a busy host, multi-threaded CPU ops on them took
-    ~110 ms per call on the H200 machine). Padding queries see only themselves (finite softmax) and
-    no real query sees a padding key.
+    state's layout from three integers (no [W, W] host tensors per decision: on a busy host,
+    multi-threaded CPU ops on them took ~110 ms per call on the H200 machine). Padding
+    queries see only themselves (finite softmax) and no real query sees a padding key.
     """
-    device = lengths.device
+    index = torch.arange(width, device=lengths.device).view(1, -1)
+    positions = hybrid_index_positions(lengths, index)
+    allowed = hybrid_rows(lengths, index, width)
+    return positions, allowed, lengths.sum(dim=1)  # the decision is token L - 1 = P + D + T
+
+
+def hybrid_index_positions(lengths: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Position ids [B, Q] of the state tokens at `index` [1 or B, Q] (0 for padding): both
+    blocks continue the prefix from P, the decision sits at P + max(D, T)."""
     p, d, t = (lengths[:, i].view(-1, 1) for i in range(3))  # [B, 1]
     n = p + d + t + 1
-    i = torch.arange(width, device=device).view(1, -1)  # [1, W]
-    positions = torch.where(
+    i = index
+    return torch.where(
         i < p + d,
         i,
         torch.where(i < p + d + t, i - d, torch.where(i == n - 1, p + torch.maximum(d, t), torch.zeros_like(i))),
     )
-    q, k = i.view(1, -1, 1), i.view(1, 1, -1)  # [1, W, 1], [1, 1, W]
-    p, d, t, n = (x.view(-1, 1, 1) for x in (p, d, t, n))  # [B, 1, 1]
+
+
+def hybrid_rows(lengths: torch.Tensor, queries: torch.Tensor, key_width: int) -> torch.Tensor:
+    """The allowed mask [B, Q, key_width] of the state tokens at `queries` [1 or B, Q] over
+    keys 0..key_width-1: rows of the module docstring's [L, L] rule, so a forward that has
+    the prefix's K/V cached feeds only the rows past it (`prefix_cache`).
+
+    A padding query (index >= L) sees one key, min(index, key_width - 1): its softmax stays
+    finite, and no real query sees a key at or past L.
+    """
+    device = lengths.device
+    p, d, t = (lengths[:, i].view(-1, 1, 1) for i in range(3))  # [B, 1, 1]
+    n = p + d + t + 1
+    q = queries.view(queries.shape[0], -1, 1)  # [B|1, Q, 1]
+    k = torch.arange(key_width, device=device).view(1, 1, -1)  # [1, 1, K]
     causal = k <= q
     in_prefix_k = k < p
     draft_k = (k >= p) & (k < p + d)
@@ -131,8 +151,7 @@ def hybrid_layout(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torc
     allowed = allowed | (((q >= p) & (q < p + d)) & (in_prefix_k | (draft_k & causal)))
     allowed = allowed | (((q >= p + d) & (q < p + d + t)) & (in_prefix_k | (target_k & causal)))
     allowed = allowed | ((q == n - 1) & (k < n))
-    allowed = allowed | ((q >= n) & (k == q))
-    return positions, allowed, (n - 1).view(-1)
+    return allowed | ((q >= n) & (k == torch.clamp(q, max=key_width - 1)))
 
 
 def state_lengths(states: Sequence[ArbitrationState]) -> torch.Tensor:

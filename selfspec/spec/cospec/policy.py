@@ -39,6 +39,7 @@ from selfspec.engine.policy import Proposal
 from selfspec.engine.verify import VerifyResult
 from selfspec.spec.base import MethodConfig, MethodContext
 from selfspec.spec.cospec.arbitrator import ArbitrationState, Arbitrator
+from selfspec.spec.cospec.prefix_cache import ArbitratorPrefixCache, new_owner, prefix_cache_for, window_start
 from selfspec.spec.draft_model import DraftModelProposer
 from selfspec.thinking.policy import ThinkingPolicy
 
@@ -80,6 +81,12 @@ class CoSpecConfig(MethodConfig):
     threshold: float = Field(0.6, ge=0.0)
     max_arbitrations_per_round: int = Field(1, ge=1)
     max_prefix_tokens: int = Field(512, ge=1)  # arbitrator window over prompt + verified prefix
+    # "anchored": the window keeps its first token until it outgrows max_prefix_tokens, then
+    # moves by reanchor_tokens at once, so the arbitrator's prefix K/V are reused across rounds
+    # (`cospec.prefix_cache`); "sliding": the last max_prefix_tokens tokens, one full forward
+    # per decision (how the first arbitrators were trained).
+    prefix_window: Literal["anchored", "sliding"] = "anchored"
+    reanchor_tokens: int = Field(128, ge=1)
     arbitrator: Any = None  # an `Arbitrator`
     recorder: Any = None  # optional callable(Decision), e.g. a list's append
     # RL rollouts: sample keep ~ Bernoulli(π) with this seed (the threshold is then unused).
@@ -100,10 +107,14 @@ class CoSpecConfig(MethodConfig):
                 f"arbitrator must be a selfspec.spec.cospec.Arbitrator, got {type(self.arbitrator).__name__}"
             )
         proposer = DraftModelProposer(ctx.draft_runner, num_tokens=self.num_speculative_tokens, params=params)
-        graphs = self.arbitrator.cuda_graphs() if self.arbitrator is not None else None
-        if graphs is not None:
-            # Widest state: prefix window + draft block (≤ K) + target block (≤ K + 1) + decision.
-            graphs.prepare(self.max_prefix_tokens + 2 * self.num_speculative_tokens + 2)
+        # Widest state: prefix window + draft block (≤ K) + target block (≤ K + 1) + decision.
+        widest = self.max_prefix_tokens + 2 * self.num_speculative_tokens + 2
+        prefix_cache = None
+        if self.arbitrator is not None and self.prefix_window == "anchored":
+            prefix_cache = prefix_cache_for(self.arbitrator, widest)
+            prefix_cache.prepare()
+        elif (graphs := self.arbitrator.cuda_graphs() if self.arbitrator is not None else None) is not None:
+            graphs.prepare(widest)
         return CoSpecPolicy(
             ctx.thinking_format,
             ctx.limits,
@@ -115,6 +126,9 @@ class CoSpecConfig(MethodConfig):
             max_prefix_tokens=self.max_prefix_tokens,
             recorder=self.recorder,
             sample_seed=self.sample_seed,
+            prefix_window=self.prefix_window,
+            reanchor_tokens=self.reanchor_tokens,
+            prefix_cache=prefix_cache,
         )
 
 
@@ -137,8 +151,18 @@ class CoSpecPolicy(ThinkingPolicy):
         max_prefix_tokens: int = 512,
         recorder: Callable[[Decision], None] | None = None,
         sample_seed: int | None = None,
+        prefix_window: Literal["anchored", "sliding"] = "sliding",
+        reanchor_tokens: int = 128,
+        prefix_cache: ArbitratorPrefixCache | None = None,
     ) -> None:
         super().__init__(fmt, limits, thinking=thinking, proposer=proposer)
+        if prefix_cache is not None and prefix_window != "anchored":
+            raise ValueError("a prefix cache needs the anchored window (a sliding one changes every cached K/V)")
+        self.prefix_window = prefix_window
+        self.reanchor_tokens = reanchor_tokens
+        self.prefix_cache = prefix_cache
+        self.owner = new_owner()
+        self.window_first = 0  # the anchored window's first context token
         self.arbitrator = arbitrator
         self.threshold = threshold
         self.max_arbitrations = max_arbitrations
@@ -167,8 +191,15 @@ class CoSpecPolicy(ThinkingPolicy):
         self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None
     ) -> bool:
         context = seq.token_ids + draft[:j]  # the engine appends the proposal only after verify
+        if self.prefix_window == "anchored":
+            self.window_first = window_start(
+                len(context), self.window_first, self.max_prefix_tokens, self.reanchor_tokens
+            )
+            first = self.window_first
+        else:
+            first = max(0, len(context) - self.max_prefix_tokens)
         state = ArbitrationState(
-            prefix=tuple(context[-self.max_prefix_tokens :]),
+            prefix=tuple(context[first:]),
             draft_block=tuple(draft[j:]),
             target_block=tuple(targets[j:]),
         )
@@ -176,12 +207,12 @@ class CoSpecPolicy(ThinkingPolicy):
         probability = logit = target_logprob = None
         started = time.perf_counter()
         if self.rng is not None:  # RL rollout: keep ~ Bernoulli(π)
-            logit = float(self.arbitrator.keep_logits([state])[0])
+            logit = self._keep_logit(state)
             probability = 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
             kept = self.rng.random() < probability
         else:
             if self.arbitrator is not None:
-                probability = float(self.arbitrator.keep_probability([state])[0])
+                probability = self._keep_probability(state)
             # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
             # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
             kept = probability is not None and self.threshold < 1.0 and probability >= self.threshold
@@ -204,6 +235,21 @@ class CoSpecPolicy(ThinkingPolicy):
             )
         return kept
 
+    def _keep_logit(self, state: ArbitrationState) -> float:
+        if self.prefix_cache is not None and not self.arbitrator.training:
+            return float(self.prefix_cache.keep_logit(self.owner, state)[0])
+        return float(self.arbitrator.keep_logits([state])[0])
+
+    def _keep_probability(self, state: ArbitrationState) -> float:
+        if self.prefix_cache is not None and not self.arbitrator.training:
+            return float(torch.sigmoid(self.prefix_cache.keep_logit(self.owner, state))[0])
+        return float(self.arbitrator.keep_probability([state])[0])
+
+    def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
+        super().on_finish(engine, seq)
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(self.owner)
+
     def report(self) -> dict[str, Any]:
         return {
             "lossy": True,
@@ -211,4 +257,5 @@ class CoSpecPolicy(ThinkingPolicy):
             "arbitrations": self.arbitrations,
             "kept_draft_tokens": self.kept_draft_tokens,
             "arbitration_s": self.arbitration_seconds,
+            "arbitration_prefix_window": self.prefix_window,
         }

@@ -39,6 +39,7 @@ class TrainConfig(BaseModel):
     k: int = Field(DEFAULT_K, ge=1, le=64)  # draft tokens per round
     max_tokens: int = Field(1024, ge=1)
     max_prefix_tokens: int = Field(512, ge=1)
+    prefix_window: Literal["anchored", "sliding"] = "anchored"  # CoSpecConfig.prefix_window
     # states and labels
     states_per_item: int = Field(8, ge=1)
     max_states: int = Field(256, ge=1)
@@ -97,7 +98,18 @@ class TrainConfig(BaseModel):
 
     def data_key(self) -> dict[str, Any]:
         """The options that decide the labelled data (a resumed run must keep them)."""
-        keys = ("target", "draft", "tasks", "n", "data_seed", "item_start", "k", "max_tokens", "max_prefix_tokens")
+        keys = (
+            "target",
+            "draft",
+            "tasks",
+            "n",
+            "data_seed",
+            "item_start",
+            "k",
+            "max_tokens",
+            "max_prefix_tokens",
+            "prefix_window",
+        )
         return {key: (list(v) if isinstance(v := getattr(self, key), tuple) else v) for key in keys}
 
 

@@ -113,6 +113,7 @@ def rl_iteration(
             spec = CoSpecConfig(
                 num_speculative_tokens=config.k,
                 max_prefix_tokens=config.max_prefix_tokens,
+                prefix_window=config.prefix_window,
                 arbitrator=arbitrator,
                 recorder=decisions.append,
                 sample_seed=seed,

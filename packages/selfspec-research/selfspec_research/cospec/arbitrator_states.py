@@ -70,6 +70,7 @@ def collect_states(
                 num_speculative_tokens=config.k,
                 threshold=NEVER_KEEP,  # nothing is kept: exact SpS that records the states
                 max_prefix_tokens=config.max_prefix_tokens,
+                prefix_window=config.prefix_window,
                 recorder=decisions.append,
             )
             jobs.append((task, item, decisions))

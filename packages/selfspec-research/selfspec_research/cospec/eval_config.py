@@ -30,6 +30,8 @@ class CoSpecEvalConfig:
     max_tokens: int = 2048
     counterfactual_states: int = 8
     max_prefix_tokens: int = 512
+    # The arbitrator's prefix window (CoSpecConfig.prefix_window): "anchored" reuses its K/V.
+    prefix_window: str = "anchored"
     warmup: bool = True
     gsm8k_path: str | None = None
     humaneval_path: str | None = None
@@ -59,6 +61,8 @@ class CoSpecEvalConfig:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.counterfactual_states < 0:
             raise ValueError(f"counterfactual_states must be >= 0, got {self.counterfactual_states}")
+        if self.prefix_window not in ("anchored", "sliding"):
+            raise ValueError(f"prefix_window must be anchored or sliding, got {self.prefix_window!r}")
         if self.data_version is not None and self.data_version not in DATA_VERSIONS:
             raise ValueError(f"unknown data version {self.data_version!r}; built in: {', '.join(DATA_VERSIONS)}")
 

@@ -28,6 +28,7 @@ def spec_for(mode: Mode, config: CoSpecEvalConfig, arbitrator: Any, recorder: Ca
         num_speculative_tokens=config.k,
         threshold=mode.threshold if mode.threshold is not None else NEVER_KEEP,
         max_prefix_tokens=config.max_prefix_tokens,
+        prefix_window=config.prefix_window,
         arbitrator=arbitrator,
         recorder=recorder,
     )
