@@ -17,6 +17,7 @@ enters around its own forwards.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import threading
@@ -145,6 +146,30 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     return sorted(wrapped)
 
 
+_INSTANCE_OVERRIDES = ("forward", "_selfspec_linear", "_selfspec_skinny")
+"""What the fusion passes set on module instances: forward overrides, the skinny-GEMM table's
+bound `linear` (the table holds a lock and its kernels: not copyable) and its flag."""
+
+
+def unfused_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of (part of) a possibly fused model that runs its own weights eagerly.
+
+    Why not `copy.deepcopy` alone: on a GPU the skinny-GEMM pass stores the kernel table's
+    bound method on attention modules, and the table holds a lock, so a plain deep copy of a
+    fused model raises. The instance overrides are passed through by reference (the memo) and
+    then removed from the copy by `strip_fusion`, so nothing of the original's fusion is
+    copied or shared; the copy can be fused again on its own.
+    """
+    memo: dict[int, object] = {}
+    for sub in module.modules():
+        for name in _INSTANCE_OVERRIDES:
+            if name in sub.__dict__:
+                memo[id(sub.__dict__[name])] = sub.__dict__[name]
+    copied = copy.deepcopy(module, memo)
+    strip_fusion(copied)
+    return copied
+
+
 def strip_fusion(module: torch.nn.Module) -> None:
     """Undo `compile_pointwise_modules` on a deep copy of (part of) a fused model.
 
@@ -154,7 +179,8 @@ def strip_fusion(module: torch.nn.Module) -> None:
     (the distilled draft's layer copies, the arbitrator's backbone).
     """
     for sub in module.modules():
-        sub.__dict__.pop("forward", None)
+        for name in _INSTANCE_OVERRIDES:
+            sub.__dict__.pop(name, None)
         for name in [n for n in sub._buffers if n.startswith("_fused_")]:
             del sub._buffers[name]
             sub._non_persistent_buffers_set.discard(name)

@@ -10,7 +10,6 @@ Shipped drafts live in the `selfspec_weights` data package (`distilled:<name>`).
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 import torch
 
-from selfspec.engine.fusion import compile_pointwise_modules, strip_fusion
+from selfspec.engine.fusion import compile_pointwise_modules, unfused_copy
 from selfspec.models.registry import PACKAGED_DRAFTS_DIR
 from selfspec.spec.draft_model import shallow_draft
 
@@ -37,9 +36,7 @@ def own_layers_draft(target: torch.nn.Module, num_layers: int) -> torch.nn.Modul
     norm and head still shared with the target). Training or merging a LoRA into the draft
     then cannot change the target."""
     draft = shallow_draft(target, num_layers)
-    layers = copy.deepcopy(draft.model.layers)
-    strip_fusion(layers)
-    draft.model.layers = layers
+    draft.model.layers = unfused_copy(draft.model.layers)
     return draft
 
 

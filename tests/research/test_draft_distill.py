@@ -13,7 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from selfspec import LLM, DraftModelConfig, EngineConfig, SamplingParams, ThinkingLimits
-from selfspec.engine.fusion import compile_pointwise_modules, fused
+from selfspec.engine.fusion import compile_pointwise_modules, fused, use_skinny_gemms
+from selfspec.engine.skinny_gemm import SkinnyGemmTable
 from selfspec.models import MissingModelPackageError
 from selfspec.models.registry import PACKAGED_DRAFTS_DIR
 from selfspec.spec.distilled_draft import (
@@ -316,10 +317,14 @@ def test_sps_with_the_distilled_draft_is_token_identical(tok, trained, saved, sp
 
 def test_a_fused_target_gives_the_draft_its_own_weights(tok, trained, saved):
     """A copy of a layer the engine fused must not run the original's weights (the fused
-    forwards are closures over the original modules)."""
+    forwards are closures over the original modules), and it must copy at all: the GPU's
+    skinny-GEMM pass leaves its kernel table (which holds a lock) on the attention modules."""
     target, _, _, _, _ = trained
     fused_target = copy.deepcopy(target)
     compile_pointwise_modules(fused_target, backend="aot_eager")
+    assert use_skinny_gemms(fused_target, SkinnyGemmTable(), backend="aot_eager")
+    with pytest.raises(TypeError, match="pickle"):
+        copy.deepcopy(fused_target.model.layers)  # why `unfused_copy` exists
     before = snapshot(fused_target)
     reference = load_distilled_draft(target, saved)
     draft = load_distilled_draft(fused_target, saved, compile_backend="aot_eager")

@@ -37,7 +37,6 @@ place would change the target model.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -45,7 +44,7 @@ from typing import Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from selfspec.engine.fusion import strip_fusion
+from selfspec.engine.fusion import unfused_copy
 
 
 @dataclass(frozen=True)
@@ -210,10 +209,9 @@ class Arbitrator(torch.nn.Module):
         from peft import LoraConfig, inject_adapter_in_model  # the [lora] extra: imported on use
 
         lora = lora or LoraSettings()
-        backbone = copy.deepcopy(draft.model)
         # A fused draft's forwards are closures over the draft's own modules: the copy must run
         # its own (LoRA-wrapped) modules, or an adapter on a fused projection would be bypassed.
-        strip_fusion(backbone)
+        backbone = unfused_copy(draft.model)
         backbone.requires_grad_(False)
         hidden = int(
             draft.config.get_text_config().hidden_size

@@ -15,9 +15,9 @@ is computed in float32 and rounded once to the weights' dtype.
 
 from __future__ import annotations
 
-import copy
-
 import torch
+
+from selfspec.engine.fusion import unfused_copy
 
 
 def _lora_modules(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -34,7 +34,7 @@ class MergedBackbone:
         self.adapted = _lora_modules(backbone)
         if not self.adapted:
             raise ValueError("the backbone has no LoRA layers to merge")
-        self.module = copy.deepcopy(backbone)
+        self.module = unfused_copy(backbone)
         self.merged: dict[str, torch.nn.Linear] = {}
         for name, layer in _lora_modules(self.module).items():
             base = layer.get_base_layer()
