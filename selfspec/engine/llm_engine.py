@@ -22,7 +22,7 @@ from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
 from selfspec.engine.host_threads import limit_host_threads
 from selfspec.engine.logits_processing import has_penalties, penalized, token_logprobs
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
+from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome, prepare_grouped_verifies, trimmed_proposal
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -338,6 +338,7 @@ class Engine:
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
         self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.steps += 1
+        prepare_grouped_verifies(self, [(s, forward.logits[i], p) for i, (s, _, p, _) in enumerate(work) if p])
         events: list[tuple[StepEvent, StepOutcome]] = []
         for i, ((seq, fed, proposal, mask), chunk) in enumerate(zip(work, chunks)):
             if seq.is_finished:  # cancelled by a policy earlier in this loop
@@ -406,7 +407,7 @@ class Engine:
         room = self._proposal_room(seq)
         if room <= 0:
             return None
-        return _trimmed(seq.policy.propose(self, seq, room), room)
+        return trimmed_proposal(seq.policy.propose(self, seq, room), room)
 
     def _grouped_proposals(self, seqs: list[Sequence]) -> dict[int, Proposal | None]:
         """Proposals made together for sequences whose policies share a `proposal_group` key
@@ -424,7 +425,7 @@ class Engine:
                 continue
             proposals = type(items[0][0].policy).propose_many(self, items)
             for (seq, room), proposal in zip(items, proposals):
-                out[seq.seq_id] = _trimmed(proposal, room)
+                out[seq.seq_id] = trimmed_proposal(proposal, room)
         return out
 
     def _constrained(
@@ -439,7 +440,7 @@ class Engine:
             return None, str(exc)
         mask, valid = seq.constraint.masks(proposal.tokens if proposal else [])
         if proposal is not None and valid < len(proposal.tokens):
-            proposal = _trimmed(proposal, valid) if valid > 0 else None
+            proposal = trimmed_proposal(proposal, valid) if valid > 0 else None
         return proposal, mask
 
     def _first_mask(self, seq: Sequence) -> torch.Tensor | str | None:
@@ -564,16 +565,6 @@ class Engine:
         window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - 2 * longest - 16) :]
         text = self.tokenizer.decode(window, skip_special_tokens=True)
         return any(s in text for s in seq.params.stop)
-
-
-def _trimmed(proposal: Proposal | None, room: int) -> Proposal | None:
-    """None for an empty proposal; at most `room` tokens (with their draft probabilities)."""
-    if proposal is None or not proposal.tokens:
-        return None
-    if len(proposal.tokens) > room:
-        probs = proposal.draft_probs[:room] if proposal.draft_probs is not None else None
-        proposal = Proposal(proposal.tokens[:room], probs, proposal.source)
-    return proposal
 
 
 def _needs_logits(seq: Sequence) -> bool:

@@ -6,7 +6,8 @@ state (SSR, suffix decoding, prompt lookup, a draft model, CoSpec). Per step the
 1. asks `propose(engine, seq, max_tokens)` for tokens to verify after the pending token
    (or `propose_many` once for every sequence of one `proposal_group`, e.g. one draft model);
 2. runs one batched forward and verifies the proposal in `engine.verify` (or the policy's own
-   `verify`, which only a lossy method such as CoSpec overrides);
+   `verify`, which only a lossy method such as CoSpec overrides, after one
+   `prepare_verify_many` per `verify_group` key of the step's rows);
 3. reports back with `on_step(engine, seq, outcome)`: what was proposed, how much of it was
    accepted and which tokens were committed, so no policy rebuilds that from counters;
 4. calls `on_finish` once when the sequence ends, is cancelled or fails.
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
+
+from selfspec.engine.logits_processing import has_penalties
 
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine
@@ -89,6 +92,17 @@ class SequencePolicy:
         """Proposals for (sequence, max_tokens) pairs of one `proposal_group` key."""
         return [seq.policy.propose(engine, seq, room) for seq, room in items]
 
+    def verify_group(self) -> object | None:
+        """A key shared by sequences whose custom verifications one batched call can prepare
+        (CoSpec: one arbitrator call for every request deciding in the step), or None."""
+        return None
+
+    @staticmethod
+    def prepare_verify_many(engine: Engine, items: list[tuple[Sequence, torch.Tensor, Proposal]]) -> None:
+        """Work `verify` will need, done once for a step's (sequence, logits, proposal) rows of
+        one `verify_group` key, before any of them is verified. `verify` must give the same
+        result with or without it."""
+
     def verify(self, engine: Engine, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
         """Custom verification (lossy methods only; set `custom_verify = True`)."""
         raise NotImplementedError("only policies with custom_verify = True verify by themselves")
@@ -98,3 +112,33 @@ class SequencePolicy:
 
     def on_finish(self, engine: Engine, seq: Sequence) -> None:
         """Called once when `seq` finishes, is cancelled or fails."""
+
+
+def prepare_grouped_verifies(engine: Engine, rows: list[tuple[Sequence, torch.Tensor, Proposal | None]]) -> None:
+    """Call `prepare_verify_many` once per `verify_group` key with two or more of the step's
+    custom-verifying rows (groups of one decide in `verify` alone, the same work). Rows whose
+    logits a grammar or a penalty will change first are left out: what was prepared from raw
+    logits would not be what they verify."""
+    groups: dict[object, list[tuple[Sequence, torch.Tensor, Proposal]]] = {}
+    for seq, logits, proposal in rows:
+        policy = seq.policy
+        if proposal is None or policy is None or not policy.custom_verify or seq.is_finished:
+            continue
+        if seq.constraint is not None or has_penalties(seq.params):
+            continue
+        key = policy.verify_group()
+        if key is not None:
+            groups.setdefault(key, []).append((seq, logits, proposal))
+    for items in groups.values():
+        if len(items) > 1:
+            type(items[0][0].policy).prepare_verify_many(engine, items)
+
+
+def trimmed_proposal(proposal: Proposal | None, room: int) -> Proposal | None:
+    """None for an empty proposal; at most `room` tokens (with their draft probabilities)."""
+    if proposal is None or not proposal.tokens:
+        return None
+    if len(proposal.tokens) > room:
+        probs = proposal.draft_probs[:room] if proposal.draft_probs is not None else None
+        proposal = Proposal(proposal.tokens[:room], probs, proposal.source)
+    return proposal

@@ -128,8 +128,11 @@ class ServerState:
         except ClientDisconnect:
             raise _BodyAbandoned() from None
         except TimeoutError:
-            raise APIError(
-                408, f"the request body did not arrive within {self.config.body_timeout_s:g} s", code="timeout"
+            raise APIError(  # the unread rest of the body makes the connection unusable: close it now
+                408,
+                f"the request body did not arrive within {self.config.body_timeout_s:g} s",
+                code="timeout",
+                headers={"Connection": "close"},
             ) from None
         raw = b"".join(chunks)
         if not raw.strip():

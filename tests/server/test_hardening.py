@@ -214,3 +214,4 @@ def test_a_stalled_body_gets_408(served):
             sock.settimeout(5.0)
             reply = _read_until_closed(sock)
         assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 s" in reply
+        assert b"connection: close" in reply.lower()  # closed at once, not after the keep-alive timeout

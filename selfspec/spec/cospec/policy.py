@@ -172,6 +172,40 @@ class CoSpecPolicy(ThinkingPolicy):
         self.arbitrations = 0
         self.kept_draft_tokens = 0
         self.arbitration_seconds = 0.0
+        self._prepared: tuple[ArbitrationState, float, float] | None = None  # (state, π, seconds) from a batch
+
+    def verify_group(self) -> object | None:
+        """Requests whose decisions one batched arbitrator call can make: those sharing a prefix
+        cache, deciding by threshold (sampled RL decisions and collection mode stay per request)."""
+        if self.prefix_cache is None or self.rng is not None or self.arbitrator.training:
+            return None
+        return self.prefix_cache
+
+    @staticmethod
+    def prepare_verify_many(engine: "Engine", items: list[tuple["Sequence", torch.Tensor, Proposal]]) -> None:
+        """Make the first-mismatch decisions of a step's rows in one arbitrator call.
+
+        Each row's state at its first mismatch is known before any row is verified (it depends
+        on the row's own context, draft and target tokens only), so the requests deciding in
+        this step share one forward instead of one each. `verify` then uses the stored
+        probability when its state is the same one, and decides alone otherwise (a later
+        mismatch of the same block, or logits a grammar or penalty changed).
+        """
+        pending: list[tuple[CoSpecPolicy, ArbitrationState]] = []
+        for seq, logits, proposal in items:
+            policy: CoSpecPolicy = seq.policy
+            targets = logits.argmax(dim=-1).tolist()
+            j = next((i for i, (d, t) in enumerate(zip(proposal.tokens, targets)) if d != t), None)
+            if j is not None:
+                pending.append((policy, policy._state(seq, proposal.tokens, targets, j)))
+        if not pending:
+            return
+        started = time.perf_counter()
+        cache = pending[0][0].prefix_cache
+        probabilities = torch.sigmoid(cache.keep_logits([(p.owner, state) for p, state in pending])).tolist()
+        share = (time.perf_counter() - started) / len(pending)
+        for (policy, state), probability in zip(pending, probabilities):
+            policy._prepared = (state, probability, share)
 
     def verify(self, engine: "Engine", seq: "Sequence", logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
         targets = logits.argmax(dim=-1).tolist()  # the one host sync of exact greedy verification
@@ -185,11 +219,11 @@ class CoSpecPolicy(ThinkingPolicy):
                 break
             arbitrated += 1
             accepted += 1
+        self._prepared = None  # a prepared decision is for this step only
         return VerifyResult(num_accepted=accepted, next_token=int(targets[accepted]))
 
-    def _keep(
-        self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None
-    ) -> bool:
+    def _state(self, seq: "Sequence", draft: list[int], targets: list[int], j: int) -> ArbitrationState:
+        """The arbitrator's input at mismatch j (advances the anchored window, idempotently)."""
         context = seq.token_ids + draft[:j]  # the engine appends the proposal only after verify
         if self.prefix_window == "anchored":
             self.window_first = window_start(
@@ -198,11 +232,15 @@ class CoSpecPolicy(ThinkingPolicy):
             first = self.window_first
         else:
             first = max(0, len(context) - self.max_prefix_tokens)
-        state = ArbitrationState(
-            prefix=tuple(context[first:]),
-            draft_block=tuple(draft[j:]),
-            target_block=tuple(targets[j:]),
+        return ArbitrationState(
+            prefix=tuple(context[first:]), draft_block=tuple(draft[j:]), target_block=tuple(targets[j:])
         )
+
+    def _keep(
+        self, seq: "Sequence", draft: list[int], targets: list[int], j: int, logits: torch.Tensor | None = None
+    ) -> bool:
+        state = self._state(seq, draft, targets, j)
+        prepared, self._prepared = self._prepared, None
         self.arbitrations += 1
         probability = logit = target_logprob = None
         started = time.perf_counter()
@@ -211,7 +249,10 @@ class CoSpecPolicy(ThinkingPolicy):
             probability = 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
             kept = self.rng.random() < probability
         else:
-            if self.arbitrator is not None:
+            if prepared is not None and prepared[0] == state:  # decided in this step's batched call
+                probability = prepared[1]
+                started -= prepared[2]  # its share of the batched call's time
+            elif self.arbitrator is not None:
                 probability = self._keep_probability(state)
             # λ >= 1 is the "never keep" switch: a float32 sigmoid reaches 1.0 for large logits,
             # and λ = 1 must stay exactly lossless (the eval's and server's upper bound).
@@ -226,7 +267,7 @@ class CoSpecPolicy(ThinkingPolicy):
                     state,
                     probability,
                     kept,
-                    context=tuple(context),
+                    context=tuple(seq.token_ids + draft[:j]),
                     prompt_len=getattr(seq, "prompt_len", 0),
                     keep_logit=logit,
                     target_logprob=target_logprob,

@@ -79,15 +79,23 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+ROW_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
+"""Padded row counts of a batched call (one row per request deciding in the same step)."""
+
+
 @dataclass
 class _Bucket:
-    packed: torch.Tensor  # [Q + 5] long: fed token ids, then (P0, P, D, T, slot)
-    logits: torch.Tensor  # [1] float32 static output
+    packed: torch.Tensor  # [R, Q + 5] long: per row the fed token ids, then (P0, P, D, T, slot)
+    logits: torch.Tensor  # [R] float32 static output
     graph: torch.cuda.CUDAGraph | None
 
     @property
+    def rows(self) -> int:
+        return self.packed.shape[0]
+
+    @property
     def width(self) -> int:
-        return self.packed.shape[0] - 5
+        return self.packed.shape[1] - 5
 
 
 class ArbitratorPrefixCache:
@@ -110,6 +118,8 @@ class ArbitratorPrefixCache:
         self.capacity = capacity
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.buckets = tuple(sorted(b for b in buckets if b < capacity)) + (capacity,)
+        # A batch never holds more rows than slots: each row owns a slot for the whole call.
+        self.row_buckets = tuple(b for b in ROW_BUCKETS if b < num_slots) + (num_slots,)
         config = arbitrator.config
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         num_layers, kv_heads, head_dim = model_kv_shape(config)
@@ -131,7 +141,7 @@ class ArbitratorPrefixCache:
         self.tokens: list[list[int]] = [[] for _ in range(num_slots)]
         self.last_used = [0] * num_slots
         self._clock = itertools.count(1)
-        self.compiled: dict[int, _Bucket] = {}
+        self.compiled: dict[tuple[int, int], _Bucket] = {}  # (rows, width) -> bucket
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.capture_seconds = 0.0
         self.capture_error: str | None = None
@@ -139,6 +149,7 @@ class ArbitratorPrefixCache:
         params = inspect.signature(self._backbone(arbitrator).forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.calls = 0
+        self.decisions = 0  # a call makes one per row
         self.fed_tokens = 0
         self.rebuilds = 0
 
@@ -159,58 +170,82 @@ class ArbitratorPrefixCache:
             self.owners[slot], self.tokens[slot], self.last_used[slot] = None, [], 0
 
     # ------------------------------------------------------------------ decisions
-    @torch.inference_mode()
     def keep_logit(self, owner: int, state: ArbitrationState) -> torch.Tensor:
-        """The keep-draft logit [1] (float32) of `state`, reusing `owner`'s cached prefix.
+        """The keep-draft logit [1] (float32) of `state`, reusing `owner`'s cached prefix."""
+        return self.keep_logits([(owner, state)])
 
-        Equals the arbitrator's full forward over the same state (up to float reduction
-        order): the cached K/V are those of the same prefix tokens at the same positions.
+    @torch.inference_mode()
+    def keep_logits(self, items: Sequence[tuple[int, ArbitrationState]]) -> torch.Tensor:
+        """Keep-draft logits [B] (float32) of (owner, state) pairs, in one forward per chunk
+        of at most `num_slots` distinct owners (the requests deciding in the same step).
+
+        Each equals the arbitrator's full forward over its state (up to float reduction
+        order): the cached K/V are those of the same prefix tokens at the same positions,
+        and rows of a batch neither read nor write each other's slots.
         """
-        if state.length > self.capacity:
-            raise ValueError(f"an arbitration state of {state.length} tokens exceeds the cache's {self.capacity}")
+        for _, state in items:
+            if state.length > self.capacity:
+                raise ValueError(f"an arbitration state of {state.length} tokens exceeds the cache's {self.capacity}")
         if self.merged is not None and self.merged.refresh():
             for s in range(len(self.owners)):  # K/V of other weights: every slot rebuilds
                 self.tokens[s] = []
-        slot = self._slot_for(owner)
-        prefix = list(state.prefix)
-        reused = common_prefix_len(self.tokens[slot], prefix)
-        if reused == 0:
-            self.rebuilds += 1
-        fed = prefix[reused:] + list(state.draft_block) + list(state.target_block) + [state.draft_block[0]]
-        width = self.bucket(len(fed))
-        entry = self.compiled.get(width) or self._prepare_bucket(width)
-        head = [reused, len(prefix), len(state.draft_block), len(state.target_block), slot]
-        entry.packed.copy_(torch.tensor(fed + [0] * (width - len(fed)) + head, dtype=torch.long))
+        out = torch.empty(len(items), dtype=torch.float32, device=self.device)
+        for chunk in _distinct_owner_chunks([owner for owner, _ in items], len(self.owners)):
+            out[chunk] = self._decide([items[i] for i in chunk])
+        return out
+
+    def _decide(self, items: list[tuple[int, ArbitrationState]]) -> torch.Tensor:
+        """One forward for items of distinct owners (no more than the slots)."""
+        slots = [self._slot_for(owner) for owner, _ in items]  # an owner assigned here is never evicted here
+        rows = []
+        for slot, (_, state) in zip(slots, items):
+            prefix = list(state.prefix)
+            reused = common_prefix_len(self.tokens[slot], prefix)
+            self.rebuilds += reused == 0
+            fed = prefix[reused:] + list(state.draft_block) + list(state.target_block) + [state.draft_block[0]]
+            rows.append((fed, [reused, len(prefix), len(state.draft_block), len(state.target_block), slot]))
+        width = self.bucket(max(len(fed) for fed, _ in rows))
+        height = next(b for b in self.row_buckets if b >= len(rows))
+        entry = self.compiled.get((height, width)) or self._prepare_bucket(width, height)
+        packed = [fed + [0] * (width - len(fed)) + head for fed, head in rows]
+        packed += [self._placeholder(width)] * (height - len(rows))
+        entry.packed.copy_(torch.tensor(packed, dtype=torch.long))
         if entry.graph is not None:
             entry.graph.replay()
         else:
             self._body(entry)
-        self.tokens[slot] = prefix
+        for slot, (_, state) in zip(slots, items):
+            self.tokens[slot] = list(state.prefix)
         self.calls += 1
-        self.fed_tokens += len(fed)
-        return entry.logits.clone()
+        self.decisions += len(rows)
+        self.fed_tokens += sum(len(fed) for fed, _ in rows)
+        return entry.logits[: len(rows)].clone()
+
+    def _placeholder(self, width: int) -> list[int]:
+        """A valid row (P0 = 0, P = width - 3, D = T = 1) routed to the scratch slot: padding
+        rows and warm-up/capture runs must not touch a live slot's K/V."""
+        return [0] * width + [0, max(1, width - 3), 1, 1, self.cache.scratch_slot]
 
     def bucket(self, fed: int) -> int:
         return next(b for b in self.buckets if b >= fed)
 
-    def prepare(self, max_fed: int | None = None) -> None:
-        """Build (capture) every bucket up to `max_fed` fed tokens (all by default) now, so no
-        capture lands inside a timed run."""
+    def prepare(self, max_fed: int | None = None, max_rows: int = 1) -> None:
+        """Build (capture) every bucket up to `max_fed` fed tokens (all by default) and
+        `max_rows` rows now, so no capture lands inside a timed run."""
         top = self.bucket(min(max_fed or self.capacity, self.capacity))
-        for b in self.buckets:
-            if b <= top:
-                self._prepare_bucket(b)
+        tallest = next((b for b in self.row_buckets if b >= max_rows), self.row_buckets[-1])
+        for height in self.row_buckets:
+            if height <= tallest:
+                for b in self.buckets:
+                    if b <= top:
+                        self._prepare_bucket(b, height)
 
     @torch.no_grad()  # not inference mode: the static buffers must stay writable outside it
-    def _prepare_bucket(self, width: int) -> _Bucket:
-        if width in self.compiled:
-            return self.compiled[width]
-        # A valid placeholder call (P0 = 0, P = width - 3, D = T = 1) for the warm-up and
-        # capture runs, routed to the cache's scratch slot: a bucket first needed in the middle
-        # of a request must not overwrite a live slot's K/V.
-        packed = torch.zeros(width + 5, dtype=torch.long, device=self.device)
-        packed[width:] = torch.tensor([0, max(1, width - 3), 1, 1, self.cache.scratch_slot])
-        entry = _Bucket(packed, torch.zeros(1, device=self.device), None)
+    def _prepare_bucket(self, width: int, rows: int = 1) -> _Bucket:
+        if (rows, width) in self.compiled:
+            return self.compiled[(rows, width)]
+        packed = torch.tensor([self._placeholder(width)] * rows, dtype=torch.long, device=self.device)
+        entry = _Bucket(packed, torch.zeros(rows, device=self.device), None)
         if self.capture:
             start = time.perf_counter()
             try:
@@ -221,7 +256,7 @@ class ArbitratorPrefixCache:
                 warnings.warn(f"arbitrator prefix-cache graph capture failed, running it eagerly: {self.capture_error}")
                 torch.cuda.synchronize(self.device)
             self.capture_seconds += time.perf_counter() - start
-        self.compiled[width] = entry
+        self.compiled[(rows, width)] = entry
         return entry
 
     def _body(self, entry: _Bucket) -> None:
@@ -229,20 +264,20 @@ class ArbitratorPrefixCache:
         arbitrator = self._arbitrator()
         if arbitrator is None:
             raise RuntimeError("the arbitrator this prefix cache belongs to is gone")
-        width, capacity, device = entry.width, self.capacity, self.device
-        ids = entry.packed[:width].view(1, width)
-        reused = entry.packed[width]
-        lengths = entry.packed[width + 1 : width + 4].view(1, 3)
-        slot = entry.packed[width + 4].view(1)
+        rows, width, capacity, device = entry.rows, entry.width, self.capacity, self.device
+        ids = entry.packed[:, :width]
+        reused = entry.packed[:, width : width + 1]  # [R, 1]
+        lengths = entry.packed[:, width + 1 : width + 4]  # [R, 3]
+        slot = entry.packed[:, width + 4]  # [R]
         column = torch.arange(width, device=device).view(1, width)
-        index = reused + column  # [1, Q] the fed tokens' places in the state
-        real = index < lengths.sum() + 1
+        index = reused + column  # [R, Q] the fed tokens' places in each state
+        real = index < lengths.sum(dim=1, keepdim=True) + 1
         positions = hybrid_index_positions(lengths, index)
-        allowed = hybrid_rows(lengths, index, capacity)  # [1, Q, C]
+        allowed = hybrid_rows(lengths, index, capacity)  # [R, Q, C]
         scratch = torch.full_like(index, self.cache.scratch_slot)
         self.cache.set_routing(
-            write_slots=torch.where(real, slot.view(1, 1), scratch),
-            write_positions=torch.where(real, index, column),
+            write_slots=torch.where(real, slot.view(rows, 1), scratch),
+            write_positions=torch.where(real, index, column.expand(rows, width)),
             read_slots=slot,
             key_length=capacity,
         )
@@ -263,9 +298,11 @@ class ArbitratorPrefixCache:
             )
         finally:
             self.cache.end_step()
-        decision = (lengths.sum() - reused).view(1)  # the decision token L - 1, in fed coordinates
-        hidden = out.last_hidden_state[0].index_select(0, decision)
-        entry.logits.copy_(arbitrator.head(hidden).squeeze(-1).float())
+        decision = lengths.sum(dim=1, keepdim=True) - reused  # [R, 1] the decision token L - 1, fed coordinates
+        hidden = out.last_hidden_state.gather(
+            1, decision.unsqueeze(-1).expand(rows, 1, out.last_hidden_state.shape[-1])
+        )
+        entry.logits.copy_(arbitrator.head(hidden[:, 0]).squeeze(-1).float())
 
     def _backbone(self, arbitrator: "Arbitrator") -> torch.nn.Module:
         return self.merged.module if self.merged is not None else arbitrator.backbone
@@ -273,13 +310,25 @@ class ArbitratorPrefixCache:
     def stats(self) -> dict:
         return {
             "lora_folds": None if self.merged is None else self.merged.folds,
-            "graphs": sorted(b for b, e in self.compiled.items() if e.graph is not None),
+            "graphs": sorted(f"{r}x{w}" for (r, w), e in self.compiled.items() if e.graph is not None),
             "capture_s": round(self.capture_seconds, 3),
             "calls": self.calls,
+            "decisions": self.decisions,
             "fed_tokens": self.fed_tokens,
             "rebuilds": self.rebuilds,
             "capture_error": self.capture_error,
         }
+
+
+def _distinct_owner_chunks(owners: list[int], limit: int) -> list[list[int]]:
+    """Indices of `owners` in order, cut into runs of at most `limit` with no owner twice (an
+    owner's second state in one step must see the slot its first one left)."""
+    chunks: list[list[int]] = [[]]
+    for i, owner in enumerate(owners):
+        if len(chunks[-1]) == limit or any(owners[j] == owner for j in chunks[-1]):
+            chunks.append([])
+        chunks[-1].append(i)
+    return chunks if chunks[0] else []
 
 
 def _has_lora(arbitrator: "Arbitrator") -> bool:
