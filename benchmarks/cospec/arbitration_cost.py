@@ -9,11 +9,15 @@ the same mismatches) with the arbitrator's two prefix windows:
 
 * `sliding`  — the last `max_prefix_tokens` tokens: a full forward over window + blocks per decision;
 * `anchored` — the window moves in steps of `reanchor_tokens`, so its K/V are cached and a
-  decision feeds only the prefix's new tokens and the two blocks (`cospec.prefix_cache`).
+  decision feeds only the prefix's new tokens and the two blocks (`cospec.prefix_cache`);
+  requests at a mismatch in the same step share one call;
+* `anchored-alone` — the same, each request deciding alone (what batching saves).
 
-Reported per mode: mean latency per item and its ratio to target-only and to SpS, arbitrations,
-mean milliseconds per arbitration, the median one-row verify forward of K + 1 tokens from the
-engine's own step timings (`engine.step_costs`, which exclude the arbitration), and their ratio.
+Reported per mode: mean latency per item and its ratio to target-only and to SpS, tokens/s,
+arbitrations, arbitrator calls (with `--concurrency C` > 1 the requests deciding in one step
+share one call), milliseconds per call, the median verify forward of C rows x (K + 1) tokens
+from the engine's own step timings (`engine.step_costs`, which exclude the arbitration), and
+their ratio.
 Every mode's tokens are checked against SpS's (all exact by construction).
 
 Run: python benchmarks/cospec/arbitration_cost.py --device cpu --dtype float32 \\
@@ -43,7 +47,7 @@ from selfspec.spec.cospec.prefix_cache import prefix_cache_stats
 from selfspec_research.cospec.eval_config import NEVER_KEEP
 from selfspec_research.cospec.eval_tasks import thinker_task
 
-MODES = ("target", "sps", "cospec-sliding", "cospec-anchored")
+MODES = ("target", "sps", "cospec-sliding", "cospec-anchored", "cospec-anchored-alone")
 
 
 def spec_for(mode: str, args: argparse.Namespace, arbitrator) -> object | None:
@@ -57,42 +61,72 @@ def spec_for(mode: str, args: argparse.Namespace, arbitrator) -> object | None:
         arbitrator=arbitrator,
         max_prefix_tokens=args.max_prefix_tokens,
         reanchor_tokens=args.reanchor_tokens,
-        prefix_window=mode.removeprefix("cospec-"),
+        prefix_window="sliding" if mode == "cospec-sliding" else "anchored",
+        batch_arbitration=mode != "cospec-anchored-alone",
     )
 
 
+def groups_of(items, size: int) -> list[list]:
+    """Consecutive items of one task in groups of `size` (a group decodes together; one task
+    per group, since a call has one thinking setting)."""
+    groups: list[list] = []
+    for task, item in items:
+        if groups and len(groups[-1]) < size and groups[-1][0][0] is task:
+            groups[-1].append((task, item))
+        else:
+            groups.append([(task, item)])
+    return groups
+
+
 def run_mode(llm, mode: str, items, args, arbitrator, progress, bar) -> dict:
-    """Every item alone in one mode (after one untimed warm-up item)."""
+    """The items in groups of `--concurrency` requests decoding together (one at a time by
+    default), in one mode, after one untimed warm-up group."""
     params = SamplingParams(max_tokens=args.max_tokens)
     warm = SamplingParams(max_tokens=min(32, args.max_tokens))
-    llm.generate([items[0][1].messages], warm, spec=spec_for(mode, args, arbitrator), thinking=items[0][0].thinking)
+    groups = groups_of(items, args.concurrency)
+    spec = spec_for(mode, args, arbitrator)
+    llm.generate([item.messages for _, item in groups[0]], warm, spec=spec, thinking=groups[0][0][0].thinking)
     llm.engine.step_costs = StepCosts()  # this mode's forwards only
-    latencies, tokens, arbitrations, arbitration_s = [], [], 0, 0.0
-    for task, item in items:
+    cache_before = prefix_cache_stats(arbitrator) if mode.startswith("cospec-anchored") else None
+    latencies, walls, tokens, arbitrations, arbitration_s = [], [], [], 0, 0.0
+    for group in groups:
         started = time.perf_counter()
-        (out,) = llm.generate([item.messages], params, spec=spec_for(mode, args, arbitrator), thinking=task.thinking)
-        latencies.append(time.perf_counter() - started)
-        tokens.append(list(out.token_ids))
-        arbitrations += int(out.metrics.get("arbitrations", 0))
-        arbitration_s += float(out.metrics.get("arbitration_s", 0.0))
-        progress.advance(bar)
-    verify = llm.engine.step_costs.seconds(1, args.k + 1, min_samples=1)
+        outs = llm.generate([item.messages for _, item in group], params, spec=spec, thinking=group[0][0].thinking)
+        walls.append(time.perf_counter() - started)
+        for out in outs:
+            latencies.append(out.timings.total)
+            tokens.append(list(out.token_ids))
+            arbitrations += int(out.metrics.get("arbitrations", 0))
+            arbitration_s += float(out.metrics.get("arbitration_s", 0.0))
+            progress.advance(bar)
+    rows = args.concurrency
+    verify = llm.engine.step_costs.seconds(rows, args.k + 1, min_samples=1)
     decode = llm.engine.step_costs.seconds(1, 1, min_samples=1)
     per_arbitration = arbitration_s / arbitrations if arbitrations else None
+    cache = prefix_cache_stats(arbitrator) if mode.startswith("cospec-anchored") else None
+    calls = None if cache is None else cache["calls"] - (cache_before["calls"] if cache_before else 0)
+    per_call = arbitration_s / calls if calls else None
     return {
         "mode": mode,
         "items": len(items),
+        "concurrency": rows,
         "mean_latency_s": statistics.fmean(latencies),
         "latencies_s": latencies,
+        "wall_s": sum(walls),
+        "tokens_per_s": sum(map(len, tokens)) / sum(walls),
         "generated_tokens": sum(map(len, tokens)),
         "arbitrations": arbitrations,
+        # Decisions of requests deciding in the same step share one call (`prepare_verify_many`).
+        "arbitrator_calls": calls,
         "arbitration_ms": None if per_arbitration is None else 1000 * per_arbitration,
+        "arbitration_call_ms": None if per_call is None else 1000 * per_call,
         "verify_forward_ms": None if verify is None else 1000 * verify,
+        "verify_rows": rows,
         "decode_step_ms": None if decode is None else 1000 * decode,
-        "arbitration_over_verify": None if per_arbitration is None or not verify else per_arbitration / verify,
+        "arbitration_over_verify": None if per_call is None or not verify else per_call / verify,
         "step_costs_ms_per_token": llm.engine.step_costs.summary(),
         # Whether the cached decisions ran as CUDA graphs (and which buckets), rebuilds, fed tokens.
-        "prefix_cache": prefix_cache_stats(arbitrator) if mode == "cospec-anchored" else None,
+        "prefix_cache": cache,
         "tokens": tokens,
     }
 
@@ -108,12 +142,13 @@ def markdown(summary: dict) -> str:
         f"- model {meta['model']}, draft {meta['draft']}, arbitrator {meta['arbitrator']}; K = {meta['k']}; "
         f"window {meta['max_prefix_tokens']} tokens (anchored: moves by {meta['reanchor_tokens']})",
         f"- items: {meta['items']} ({', '.join(meta['tasks'])}, seed {meta['seed']}), up to {meta['max_tokens']} tokens"
-        f" each, one request at a time; CoSpec at λ = {NEVER_KEEP} keeps nothing, so every mode's tokens equal SpS's:"
+        f" each, {_together(meta.get('concurrency', 1))}; CoSpec at λ = {NEVER_KEEP} keeps nothing, so every"
+        " mode's tokens equal SpS's:"
         f" {'yes' if summary['exact'] else 'NO'}",
         "",
-        "| mode | mean latency (s) | vs target | vs SpS | arbitrations | ms / arbitration | verify fwd (ms) |"
-        " arbitration / verify |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | mean latency (s) | vs target | vs SpS | tokens/s | arbitrations | arbitrator calls |"
+        " ms / call | verify fwd (ms) | call / verify |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows = {r["mode"]: r for r in summary["modes"]}
     for r in summary["modes"]:
@@ -123,11 +158,18 @@ def markdown(summary: dict) -> str:
 
         lines.append(
             f"| {r['mode']} | {r['mean_latency_s']:.3f} | {rows['target']['mean_latency_s'] / r['mean_latency_s']:.3f}x"
-            f" | {rows['sps']['mean_latency_s'] / r['mean_latency_s']:.3f}x | {r['arbitrations']} |"
-            f" {fmt(r['arbitration_ms'], '.2f')} | {fmt(r['verify_forward_ms'], '.2f')} |"
+            f" | {rows['sps']['mean_latency_s'] / r['mean_latency_s']:.3f}x | {fmt(r.get('tokens_per_s'), '.1f')} |"
+            f" {r['arbitrations']} | {fmt(r.get('arbitrator_calls'), 'd')} |"
+            f" {fmt(r.get('arbitration_call_ms', r['arbitration_ms']), '.2f')} | {fmt(r['verify_forward_ms'], '.2f')} |"
             f" {fmt(r['arbitration_over_verify'], '.1%')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _together(concurrency: int) -> str:
+    if concurrency == 1:
+        return "one request at a time"
+    return f"{concurrency} requests decoding together (verify fwd: a step of {concurrency} rows)"
 
 
 def main() -> None:
@@ -143,6 +185,7 @@ def main() -> None:
     parser.add_argument("--max-prefix-tokens", type=int, default=512)
     parser.add_argument("--reanchor-tokens", type=int, default=128)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--concurrency", type=int, default=1, help="requests decoding together")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -155,7 +198,10 @@ def main() -> None:
     device, dtype = auto_device_and_dtype(args.device, args.dtype)
     checkpoint = read_checkpoint_config(args.arbitrator)
     draft = args.draft or checkpoint.draft
-    llm = load_llm(args.model, device=device, dtype=dtype, num_slots=4, max_len=4096, draft=draft)
+    if args.concurrency < 1:
+        parser.error("--concurrency must be >= 1")
+    slots = max(4, args.concurrency)
+    llm = load_llm(args.model, device=device, dtype=dtype, num_slots=slots, max_len=4096, draft=draft)
     arbitrator = load_arbitrator_for(llm, args.arbitrator)
     tasks = [thinker_task(name, args.n, args.seed) for name in args.tasks.split(",")]
     items = [(task, item) for task in tasks for item in task.items]
@@ -188,6 +234,7 @@ def main() -> None:
         "tasks": args.tasks.split(","),
         "seed": args.seed,
         "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
     }
     summary = {"meta": meta, "exact": exact, "modes": results}
     args.out_dir.mkdir(parents=True, exist_ok=True)

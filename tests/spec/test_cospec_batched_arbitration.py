@@ -11,7 +11,6 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
 from selfspec.spec.cospec import ArbitrationState, Arbitrator, CoSpecConfig
-from selfspec.spec.cospec.policy import CoSpecPolicy
 from selfspec.spec.cospec.prefix_cache import (
     ArbitratorPrefixCache,
     _distinct_owner_chunks,
@@ -80,7 +79,7 @@ def test_a_batched_call_equals_each_state_alone(tok, family):
     assert any(rows > 1 for rows, _ in cache.compiled)
 
 
-def _run(llm: LLM, arbitrator: Arbitrator, *, batched: bool, monkeypatch) -> tuple[list, list]:
+def _run(llm: LLM, arbitrator: Arbitrator, *, batched: bool) -> tuple[list, list]:
     decisions: list = []
     spec = CoSpecConfig(
         num_speculative_tokens=4,
@@ -89,23 +88,21 @@ def _run(llm: LLM, arbitrator: Arbitrator, *, batched: bool, monkeypatch) -> tup
         max_prefix_tokens=24,
         reanchor_tokens=8,
         recorder=decisions.append,
+        batch_arbitration=batched,
     )
-    with monkeypatch.context() as patch:
-        if not batched:
-            patch.setattr(CoSpecPolicy, "verify_group", lambda self: None)
-        out = llm.generate(PROMPTS, SamplingParams(max_tokens=60), spec=spec)
+    out = llm.generate(PROMPTS, SamplingParams(max_tokens=60), spec=spec)
     return [o.token_ids for o in out], decisions
 
 
-def test_batched_cospec_generation_is_the_one_at_a_time_generation(tok, monkeypatch):
+def test_batched_cospec_generation_is_the_one_at_a_time_generation(tok):
     """Five requests decoding together: one arbitrator call per step serves every request at a
     mismatch, and the outputs, decisions and kept tokens are those of deciding one at a time."""
     llm = _pair(tok)
     arbitrator = _trained(llm)
     cache = prefix_cache_for(arbitrator, 24 + 2 * 4 + 2)
-    alone_tokens, alone = _run(llm, arbitrator, batched=False, monkeypatch=monkeypatch)
+    alone_tokens, alone = _run(llm, arbitrator, batched=False)
     calls_alone = cache.stats()["calls"]
-    batched_tokens, together = _run(llm, arbitrator, batched=True, monkeypatch=monkeypatch)
+    batched_tokens, together = _run(llm, arbitrator, batched=True)
     calls_together = cache.stats()["calls"] - calls_alone
     assert batched_tokens == alone_tokens
     assert [(d.state, d.kept) for d in together] == [(d.state, d.kept) for d in alone]

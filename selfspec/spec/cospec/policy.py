@@ -87,6 +87,9 @@ class CoSpecConfig(MethodConfig):
     # per decision (how the first arbitrators were trained).
     prefix_window: Literal["anchored", "sliding"] = "anchored"
     reanchor_tokens: int = Field(128, ge=1)
+    # Requests at a mismatch in the same step share one arbitrator call (anchored window only);
+    # False decides each alone (the same decisions, for measuring what batching saves).
+    batch_arbitration: bool = True
     arbitrator: Any = None  # an `Arbitrator`
     recorder: Any = None  # optional callable(Decision), e.g. a list's append
     # RL rollouts: sample keep ~ Bernoulli(π) with this seed (the threshold is then unused).
@@ -129,6 +132,7 @@ class CoSpecConfig(MethodConfig):
             prefix_window=self.prefix_window,
             reanchor_tokens=self.reanchor_tokens,
             prefix_cache=prefix_cache,
+            batch_arbitration=self.batch_arbitration,
         )
 
 
@@ -154,6 +158,7 @@ class CoSpecPolicy(ThinkingPolicy):
         prefix_window: Literal["anchored", "sliding"] = "sliding",
         reanchor_tokens: int = 128,
         prefix_cache: ArbitratorPrefixCache | None = None,
+        batch_arbitration: bool = True,
     ) -> None:
         super().__init__(fmt, limits, thinking=thinking, proposer=proposer)
         if prefix_cache is not None and prefix_window != "anchored":
@@ -161,6 +166,7 @@ class CoSpecPolicy(ThinkingPolicy):
         self.prefix_window = prefix_window
         self.reanchor_tokens = reanchor_tokens
         self.prefix_cache = prefix_cache
+        self.batch_arbitration = batch_arbitration
         self.owner = new_owner()
         self.window_first = 0  # the anchored window's first context token
         self.arbitrator = arbitrator
@@ -177,7 +183,7 @@ class CoSpecPolicy(ThinkingPolicy):
     def verify_group(self) -> object | None:
         """Requests whose decisions one batched arbitrator call can make: those sharing a prefix
         cache, deciding by threshold (sampled RL decisions and collection mode stay per request)."""
-        if self.prefix_cache is None or self.rng is not None or self.arbitrator.training:
+        if not self.batch_arbitration or self.prefix_cache is None or self.rng is not None or self.arbitrator.training:
             return None
         return self.prefix_cache
 
