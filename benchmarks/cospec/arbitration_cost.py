@@ -62,7 +62,7 @@ def spec_for(mode: str, args: argparse.Namespace, arbitrator) -> object | None:
         max_prefix_tokens=args.max_prefix_tokens,
         reanchor_tokens=args.reanchor_tokens,
         prefix_window="sliding" if mode == "cospec-sliding" else "anchored",
-        batch_arbitration=mode != "cospec-anchored-alone",
+        batch_arbitration=mode == "cospec-anchored",
     )
 
 
