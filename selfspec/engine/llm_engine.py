@@ -338,7 +338,7 @@ class Engine:
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
         self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.steps += 1
-        prepare_grouped_verifies(self, [(s, forward.logits[i], p) for i, (s, _, p, _) in enumerate(work) if p])
+        prepare_grouped_verifies(self, [(s, forward.argmax[i], p) for i, (s, _, p, _) in enumerate(work) if p])
         events: list[tuple[StepEvent, StepOutcome]] = []
         for i, ((seq, fed, proposal, mask), chunk) in enumerate(zip(work, chunks)):
             if seq.is_finished:  # cancelled by a policy earlier in this loop

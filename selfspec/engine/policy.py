@@ -98,10 +98,10 @@ class SequencePolicy:
         return None
 
     @staticmethod
-    def prepare_verify_many(engine: Engine, items: list[tuple[Sequence, torch.Tensor, Proposal]]) -> None:
-        """Work `verify` will need, done once for a step's (sequence, logits, proposal) rows of
-        one `verify_group` key, before any of them is verified. `verify` must give the same
-        result with or without it."""
+    def prepare_verify_many(engine: Engine, items: list[tuple[Sequence, list[int], Proposal]]) -> None:
+        """Work `verify` will need, done once for a step's (sequence, greedy tokens of its logits
+        rows, proposal) rows of one `verify_group` key, before any of them is verified. `verify`
+        must give the same result with or without it."""
 
     def verify(self, engine: Engine, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> VerifyResult:
         """Custom verification (lossy methods only; set `custom_verify = True`)."""
@@ -114,13 +114,14 @@ class SequencePolicy:
         """Called once when `seq` finishes, is cancelled or fails."""
 
 
-def prepare_grouped_verifies(engine: Engine, rows: list[tuple[Sequence, torch.Tensor, Proposal | None]]) -> None:
+def prepare_grouped_verifies(engine: Engine, rows: list[tuple[Sequence, list[int], Proposal | None]]) -> None:
     """Call `prepare_verify_many` once per `verify_group` key with two or more of the step's
-    custom-verifying rows (groups of one decide in `verify` alone, the same work). Rows whose
-    logits a grammar or a penalty will change first are left out: what was prepared from raw
-    logits would not be what they verify."""
-    groups: dict[object, list[tuple[Sequence, torch.Tensor, Proposal]]] = {}
-    for seq, logits, proposal in rows:
+    custom-verifying rows (groups of one decide in `verify` alone, the same work). `rows` carry
+    the runner's greedy tokens (already on the host). Rows whose logits a grammar or a penalty
+    will change first are left out: what was prepared from raw logits would not be what they
+    verify."""
+    groups: dict[object, list[tuple[Sequence, list[int], Proposal]]] = {}
+    for seq, greedy, proposal in rows:
         policy = seq.policy
         if proposal is None or policy is None or not policy.custom_verify or seq.is_finished:
             continue
@@ -128,7 +129,7 @@ def prepare_grouped_verifies(engine: Engine, rows: list[tuple[Sequence, torch.Te
             continue
         key = policy.verify_group()
         if key is not None:
-            groups.setdefault(key, []).append((seq, logits, proposal))
+            groups.setdefault(key, []).append((seq, greedy, proposal))
     for items in groups.values():
         if len(items) > 1:
             type(items[0][0].policy).prepare_verify_many(engine, items)

@@ -190,7 +190,7 @@ class CoSpecPolicy(ThinkingPolicy):
         return self.prefix_cache
 
     @staticmethod
-    def prepare_verify_many(engine: "Engine", items: list[tuple["Sequence", torch.Tensor, Proposal]]) -> None:
+    def prepare_verify_many(engine: "Engine", items: list[tuple["Sequence", list[int], Proposal]]) -> None:
         """Make the first-mismatch decisions of a step's rows in one arbitrator call.
 
         Each row's state at its first mismatch is known before any row is verified (it depends
@@ -200,9 +200,8 @@ class CoSpecPolicy(ThinkingPolicy):
         mismatch of the same block, or logits a grammar or penalty changed).
         """
         pending: list[tuple[CoSpecPolicy, ArbitrationState]] = []
-        for seq, logits, proposal in items:
+        for seq, targets, proposal in items:  # the runner's greedy tokens: no second host copy
             policy: CoSpecPolicy = seq.policy
-            targets = logits.argmax(dim=-1).tolist()
             j = next((i for i, (d, t) in enumerate(zip(proposal.tokens, targets)) if d != t), None)
             if j is not None:
                 pending.append((policy, policy._state(seq, proposal.tokens, targets, j)))

@@ -234,11 +234,9 @@ class ArbitratorPrefixCache:
         `max_rows` rows now, so no capture lands inside a timed run."""
         top = self.bucket(min(max_fed or self.capacity, self.capacity))
         tallest = next((b for b in self.row_buckets if b >= max_rows), self.row_buckets[-1])
-        for height in self.row_buckets:
-            if height <= tallest:
-                for b in self.buckets:
-                    if b <= top:
-                        self._prepare_bucket(b, height)
+        for height in (h for h in self.row_buckets if h <= tallest):
+            for width in (b for b in self.buckets if b <= top):
+                self._prepare_bucket(width, height)
 
     @torch.no_grad()  # not inference mode: the static buffers must stay writable outside it
     def _prepare_bucket(self, width: int, rows: int = 1) -> _Bucket:
