@@ -17,6 +17,7 @@ import typer
 from selfspec.cli.command_line import auto_device_and_dtype, explicit_command, fail
 from selfspec.server.cli import load_llm
 from selfspec.spec.cospec.checkpoint import load_arbitrator_for, read_checkpoint_config
+from selfspec_research.cospec.complementarity_cli import register as register_complementarity
 from selfspec_research.cospec.draft_distill import DistillConfig, save_distilled_draft, train_distilled_draft
 from selfspec_research.cospec.eval_config import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_THRESHOLDS, CoSpecEvalConfig
 from selfspec_research.cospec.eval_report import merge_results, write_outputs
@@ -340,6 +341,7 @@ def train_draft_command(
 
 
 register_train_arbitrator(cospec_app)
+register_complementarity(cospec_app)
 
 __all__ = ["cospec_app", "eval_command", "parse_thresholds", "train_draft_command"]
 

@@ -52,11 +52,12 @@ class RunContext:
         return self._draft
 
 
-def draft_as_llm(llm: Any) -> Any:
+def draft_as_llm(llm: Any, num_slots: int = 2) -> Any:
     """An `LLM` over `llm`'s draft module: same tokenizer and thinking format, its own engine
-    (a shallow draft shares weights with the target, not its KV cache)."""
+    (a shallow draft shares weights with the target, not its KV cache). `num_slots` > 2 for
+    batched runs of the draft alone (solve rates, not timings)."""
     engine = llm.engine
-    config = EngineConfig(num_slots=2, max_len=engine.max_len)  # the device is the module's
+    config = EngineConfig(num_slots=num_slots, max_len=engine.max_len)  # the device is the module's
     return LLM.from_model(
         llm.draft_runner.model,
         llm.tokenizer,
