@@ -87,8 +87,8 @@ def generate(
     ),
     cot_cap: Optional[int] = typer.Option(None, help="Close thinking by force after this many CoT tokens."),
     answer_cap: Optional[int] = typer.Option(None, help="Stop the answer after this many tokens (continuation cap)."),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto (cuda when present, else cpu)."),
+    dtype: str = typer.Option("auto", help="float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 on cpu)."),
     tokenizer: Optional[str] = typer.Option(
         None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."
     ),
@@ -128,6 +128,7 @@ def generate(
     from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
     from selfspec.llm import LLM
     from selfspec.models import ModelNotFoundError
+    from selfspec.server.cli import resolve_device_dtype
     from selfspec.thinking.policy import ThinkingLimits
 
     spec = None
@@ -158,6 +159,7 @@ def generate(
             spec = PromptLookupConfig() if prompt_lookup else SuffixDecodingConfig()
     except (InvalidSamplingParams, ValueError, ValidationError) as exc:
         _fail(str(exc))
+    device, dtype = resolve_device_dtype(device, dtype)
     try:
         llm = LLM(model, device=device, dtype=dtype, tokenizer=tokenizer)
     except (ModelNotFoundError, ValueError, FileNotFoundError) as exc:

@@ -79,6 +79,8 @@ class ServingBackend(ABC):
     tokenizer: Any
     thinking_format: Any
     model_name: str
+    tool_call_parser: str | None = None
+    """The tool-call family the server was told (`--tool-call-parser`); None: read it from the template."""
 
     # ------------------------------------------------------------------ the planner's side
     @property

@@ -27,6 +27,25 @@ _SPECULATION_METHODS = ("suffix", "ngram")
 BACKENDS = ("selfspec", "vllm")
 
 
+def resolve_device_dtype(device: str, dtype: str, *, cuda_available: bool | None = None) -> tuple[str, str]:
+    """`--device auto` and `--dtype auto` made concrete: CUDA and bfloat16 where CUDA is present,
+    else cpu and float32 (the CPU kernels' dtype: bfloat16 matmuls there are slow and inexact).
+
+    Why auto is the default: a server started on a GPU machine without flags should use the GPU.
+    An explicit value passes through (the loader checks it); `dtype auto` follows the device.
+    `cuda_available` defaults to `torch.cuda.is_available()`.
+    """
+    if device == "auto":
+        if cuda_available is None:
+            import torch
+
+            cuda_available = torch.cuda.is_available()
+        device = "cuda" if cuda_available else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return device, dtype
+
+
 def load_llm(
     model: str,
     *,
@@ -275,10 +294,27 @@ def serve_command(
         "127.0.0.1", help="Address to bind. Keep 127.0.0.1 unless the server must be reachable from other machines."
     ),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port to listen on (0: any free one)."),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    device: str = typer.Option("auto", help="cpu, cuda, cuda:N or auto (cuda when present, else cpu)."),
+    dtype: str = typer.Option(
+        "auto", help="float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 on cpu; vLLM: its own auto)."
+    ),
     tokenizer: Optional[str] = typer.Option(
         None, "--tokenizer", help="Tokenizer directory to use instead of the model's own."
+    ),
+    chat_template: Optional[str] = typer.Option(
+        None,
+        "--chat-template",
+        help="Chat template to use instead of the tokenizer's: a Jinja file, the template text, or a packaged name (smollm2-tools: SmolLM2 with Hermes-style tools).",
+    ),
+    tool_call_parser: Optional[str] = typer.Option(
+        None,
+        "--tool-call-parser",
+        help="Tool-call format of the model's output (vLLM's names): hermes | qwen3_xml | qwen3_coder | llama3_json (default: read from the chat template).",
+    ),
+    reasoning_parser: Optional[str] = typer.Option(
+        None,
+        "--reasoning-parser",
+        help="Thinking markers that split reasoning from the answer (vLLM's names): deepseek_r1 | qwen3 (both <think>...</think>; default: read from the tokenizer and template).",
     ),
     num_slots: int = typer.Option(
         8, min=1, help="KV-cache slots: sequences decoded together (SSR drafts take slots too)."
@@ -371,6 +407,8 @@ def serve_command(
             err=True,
         )
         raise typer.Exit(code=2) from None
+    from selfspec.server.backend import as_backend
+    from selfspec.server.chat_template import apply_chat_settings, check_chat_flags
     from selfspec.server.config import ServerConfig
 
     try:
@@ -389,6 +427,7 @@ def serve_command(
             max_tokens=default_max_tokens,
         )
         check_cospec_flags(arbitrator, cospec_threshold, cospec_k)
+        chat = check_chat_flags(chat_template, tool_call_parser, reasoning_parser)
         config = ServerConfig(
             served_model_names=list(served_model_name or [default_served_name(model)]),
             max_queue=max_queue,
@@ -420,6 +459,7 @@ def serve_command(
                 **engine_args,
             )
         else:
+            device, dtype = resolve_device_dtype(device, dtype)
             llm = load_llm(
                 model,
                 device=device,
@@ -446,8 +486,11 @@ def serve_command(
         except (ValueError, FileNotFoundError, OSError) as exc:
             typer.echo(f"error: could not load the arbitrator {str(arbitrator)!r}: {exc}", err=True)
             raise typer.Exit(code=2) from None
+    apply_chat_settings(llm, chat)
+    served = as_backend(llm)
+    served.tool_call_parser = chat.tool_family
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(llm, config)
+    app = create_app(served, config)
     context = llm.max_len if backend == "vllm" else llm.engine.max_len
     typer.echo(
         f"serving {config.served_model_names} ({context}-token context, {num_slots} slots"

@@ -33,6 +33,9 @@ def _compiler(llm: Any, field: str):
 
 
 def tool_family(llm: Any) -> str | None:
+    """The server's `--tool-call-parser` when given, else the family the chat template renders."""
+    if getattr(llm, "tool_call_parser", None):
+        return llm.tool_call_parser
     tokenizer = llm.tokenizer
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # several named templates: the default one renders tools

@@ -76,12 +76,48 @@ def test_every_option_has_help(cli):
         (["--backend", "vllm", "--vllm-arg", "no equals sign"], "KEY=VALUE"),
         (["--backend", "vllm", "--vllm-arg", "dtype=float32"], "set it with --dtype"),
         (["--backend", "vllm", "--vllm-arg", "max_model_len=512"], "set it with --max-len"),
+        (["--chat-template", "/no/such/template.jinja"], "--chat-template '/no/such/template.jinja': no such file"),
+        (["--chat-template", "{% for m in messages %}"], "not a valid Jinja template"),
+        (["--tool-call-parser", "pythonic"], "--tool-call-parser 'pythonic': choose from"),
+        (["--reasoning-parser", "r2"], "--reasoning-parser 'r2': choose from deepseek_r1, qwen3"),
     ],
 )
 def test_bad_flags_exit_2_before_loading(cli, args, message):
     result = CliRunner().invoke(cli, ["serve", "--model", "no-such-model", *args])
     assert result.exit_code == 2
     assert message in result.output
+    assert "could not load" not in result.output
+
+
+def test_device_and_dtype_default_to_auto():
+    from selfspec.server.cli import resolve_device_dtype
+
+    params = inspect.signature(serve_command).parameters
+    assert (params["device"].default.default, params["dtype"].default.default) == ("auto", "auto")
+    assert resolve_device_dtype("auto", "auto") == ("cpu", "float32")  # no CUDA on the test machines
+    assert resolve_device_dtype("auto", "auto", cuda_available=True) == ("cuda", "bfloat16")
+    assert resolve_device_dtype("auto", "auto", cuda_available=False) == ("cpu", "float32")
+    assert resolve_device_dtype("cuda:1", "auto", cuda_available=False) == ("cuda:1", "bfloat16")
+    assert resolve_device_dtype("auto", "float16", cuda_available=True) == ("cuda", "float16")
+    assert resolve_device_dtype("cpu", "bfloat16", cuda_available=True) == ("cpu", "bfloat16")
+
+
+def test_auto_follows_torch_cuda_availability(monkeypatch):
+    import torch
+
+    from selfspec.server.cli import resolve_device_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device_dtype("auto", "auto") == ("cuda", "bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device_dtype("auto", "auto") == ("cpu", "float32")
+
+
+def test_generate_defaults_to_auto_too():
+    from selfspec.cli.main import generate
+
+    params = inspect.signature(generate).parameters
+    assert (params["device"].default.default, params["dtype"].default.default) == ("auto", "auto")
 
 
 def test_a_busy_port_exits_2_before_loading(cli):
