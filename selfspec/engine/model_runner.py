@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +27,9 @@ from selfspec.engine.fusion import fused
 from selfspec.engine.kv_cache import SlotKVCache, layer_kv_shapes, model_kv_shape
 from selfspec.engine.state_cache import SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets, StaticForwardPool
+
+if TYPE_CHECKING:
+    from selfspec.engine.schedule import ScheduleRecorder
 
 
 @dataclass
@@ -118,6 +123,8 @@ class ModelRunner:
         )
         self.forwards = 0
         self.eager_forwards = 0
+        # Records the forwards and cache operations for replay at another model size (engine.schedule).
+        self.recorder: ScheduleRecorder | None = None
         self._shape_labels: dict[tuple[int, int, int], str] = {}  # static shape -> label, made once
         self._eager_key_length_used = 0  # the last eager forward's key length (its label)
         # Linear-attention models: static verify forwards keep their per-position states in the
@@ -154,12 +161,16 @@ class ModelRunner:
             if end > self.max_len:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
         out = ForwardResult([None] * len(chunks), [None] * len(chunks), [""] * len(chunks))
+        recorder = self.recorder
+        started = time.perf_counter() if recorder is not None else 0.0
         with contextlib.ExitStack() as scope:
             if self.fused_pointwise:
                 scope.enter_context(fused())
             if self.cpu_linears:
                 scope.enter_context(cpu_linear.weight_major_linears(self.cpu_linears))
             self._run_groups(chunks, out, want_logits)
+        if recorder is not None:  # the greedy tokens' host copy has synchronised the device
+            recorder.forward(chunks, want_logits, started, time.perf_counter())
         return out
 
     def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
@@ -217,6 +228,8 @@ class ModelRunner:
         self.cache.copy_slot(src, dst, length)
         if self.state is not None:
             self.state.copy_slot(src, dst)
+        if self.recorder is not None:
+            self.recorder.copy(src, dst, length)
 
     @property
     def stateful(self) -> bool:
@@ -228,12 +241,16 @@ class ModelRunner:
         truncation). True when the slot is there (always for models without such layers); False
         when the position lies before the last forward's chunk: the caller must then recompute the
         context from position 0."""
+        if self.recorder is not None:
+            self.recorder.settle(slot, position)
         if self.state is None:
             return True
         return self.state.settle(slot, position)
 
     def release_slot(self, slot: int) -> None:
         """The slot's sequence is gone: drop what was kept to roll its state back."""
+        if self.recorder is not None:
+            self.recorder.free(slot)
         if self.state is not None:
             self.state.forget(slot)
 

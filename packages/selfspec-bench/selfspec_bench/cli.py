@@ -139,6 +139,11 @@ def bench(
         None,
         help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1).",
     ),
+    record_schedule: bool = typer.Option(
+        True,
+        "--record-schedule/--no-record-schedule",
+        help="Keep each run's forward schedule in its record (`schedule`, a few hundred bytes to a few KB) for `selfspec bench replay` at another model size; runs of one request at a time only.",
+    ),
 ) -> None:
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""
     if ctx.invoked_subcommand is not None:
@@ -296,6 +301,7 @@ def bench(
                     meta=run_meta,
                     warm_each_group=group_warm_up,
                     co_tenant_probe=co_tenant_probe(device),
+                    record_schedule=record_schedule,
                 )
                 if samples
                 else []
@@ -421,6 +427,50 @@ def report(
         raise typer.Exit(2)
     console.print(f"report written to {path}")
     print(Path(path).read_text())
+
+
+@bench_app.command()
+def replay(
+    inputs: list[str] = typer.Argument(..., help="JSONL records written by `selfspec bench` with --record-schedule."),
+    shape: str = typer.Option(..., "--shape", help="The model shape to time at (selfspec_bench.shapes.SHAPES)."),
+    out: str = typer.Option(..., "--out", help="JSONL file of the projected records (replaced)."),
+    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
+    host_scale: float = typer.Option(
+        1.0, "--host-scale", help="Factor on the recorded time between forwards (1.0: the same Python at any size)."
+    ),
+    warm_forwards: int = typer.Option(
+        8, "--warm-forwards", min=0, help="Untimed forwards of each record replayed before its timed replay."
+    ),
+) -> None:
+    """Replay each record's forward schedule on a random-weight model of --shape; write the records
+    with the projected latency (`selfspec bench report OUT` compares the modes at that size)."""
+    from selfspec_bench.replay import ReplayError, replay_files
+    from selfspec_bench.shapes import SHAPES
+
+    if shape not in SHAPES:
+        console.print(f"[red]error:[/] --shape {shape!r}: choose from {', '.join(sorted(SHAPES))}")
+        raise typer.Exit(2)
+    try:
+        records = replay_files(
+            [Path(p) for p in inputs],
+            shape,
+            Path(out),
+            device=device,
+            dtype=dtype,
+            host_scale=host_scale,
+            warm_forwards=warm_forwards,
+        )
+    except ReplayError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    replayed = [r for r in records if "replay" in r]
+    console.print(f"{len(replayed)} records replayed at {shape} -> {out}")
+    for r in replayed:
+        console.print(
+            f"  {r['sample_id']}  {r['mode']}: measured {r['measured_latency_s']:.3f} s, projected {r['latency_s']:.3f} s "
+            f"(forwards {r['replay']['gpu_s']:.3f} s, host {r['replay']['host_s']:.3f} s)"
+        )
 
 
 def co_tenant_probe(device: str) -> Callable[[], Optional[int]] | None:

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.schedule import ScheduleRecorder, encode
 from selfspec.llm import LLM
 from selfspec.thinking.policy import ThinkingLimits
 from selfspec_bench.datasets import BenchSample
@@ -256,13 +257,16 @@ def run_bench(
     progress: bool = True,
     warm_each_group: bool = True,
     co_tenant_probe: Callable[[], int | None] | None = None,
+    record_schedule: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every (sample, mode) not yet recorded; append records; return the new ones.
     `warm_each_group`: short untimed runs of each group before its timed ones (see below).
     `co_tenant_probe`: how many other processes share the device (`run_info.gpu_co_tenants`),
     asked before the warm-up and after each group's timed runs; a group's records carry the larger
     of the answers before and after it. Never asked between a warm-up and the timed runs it warms:
-    the nvidia-smi call would leave the GPU idle just where the warm-up keeps it busy."""
+    the nvidia-smi call would leave the GPU idle just where the warm-up keeps it busy.
+    `record_schedule`: each timed run of one request keeps its forward schedule (`schedule`, for
+    `selfspec bench replay`); batched runs share forwards and keep none."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model_name = getattr(llm, "model_name", "custom")
     settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
@@ -313,7 +317,13 @@ def run_bench(
             if mode in EXTERNAL_MODES:
                 recs = [run_external_mode(llm, sample, mode, settings) for sample in todo_samples]
             elif group_size == 1:
-                recs = [run_engine_mode(llm, todo_samples[0], mode, settings)]
+                recorder = ScheduleRecorder().attach(llm.engine.runner) if record_schedule else None
+                try:
+                    recs = [run_engine_mode(llm, todo_samples[0], mode, settings)]
+                finally:
+                    schedule = recorder.finish() if recorder is not None else None
+                if schedule is not None:
+                    recs[0]["schedule"] = encode(schedule)
             else:
                 recs = run_engine_mode_batch(llm, todo_samples, mode, settings)
             for rec in recs:
