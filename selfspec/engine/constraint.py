@@ -4,7 +4,9 @@ A `SequenceConstraint` rides on `Sequence.constraint`. Before each forward the e
 for the step's pending position and every proposed token after it, which tokens are allowed
 (`masks`): the mask of position i comes from the grammar state after the proposal's first i
 tokens, and a proposal is cut at its first token the grammar refuses (the constrained target
-can never choose it, so no verifier would accept it). The matcher is rolled back afterwards, and
+can never choose it, so no verifier would accept it) and before a stop token the grammar accepts
+(the grammar has ended there and nothing may follow; the verifier's bonus position draws that stop
+token from the row that allows it, so the step commits as much). The matcher is rolled back, and
 the committed tokens are caught up with at the next step (`sync`), so a method that proposes,
 truncates or forces tokens needs to know nothing about the constraint: SSR, suffix decoding,
 prompt lookup and draft models stay exact under a grammar — the committed tokens are those of
@@ -39,6 +41,10 @@ class GrammarState(Protocol):
 
     def accept(self, token: int) -> bool:
         """Advance by one token; False (and no change) when the grammar refuses it."""
+
+    def is_terminated(self) -> bool:
+        """Whether the grammar accepted its stop token: it has ended, and neither `allowed` nor
+        `accept` may be asked again until a rollback (xgrammar aborts the call)."""
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted tokens."""
@@ -110,6 +116,9 @@ class SequenceConstraint:
             if self._gate_opens(self._consumed):
                 self._opened_at = len(self._consumed)
             return
+        if self._grammar.is_terminated():
+            self._consumed.pop()
+            raise ConstraintViolation(f"token {token} follows the end of the output grammar")
         if not self._grammar.accept(token):
             self._consumed.pop()
             raise ConstraintViolation(f"token {token} does not follow the output grammar")
@@ -121,9 +130,11 @@ class SequenceConstraint:
     def masks(self, proposal: Sequence[int]) -> tuple[torch.Tensor | None, int]:
         """Allowed tokens at the pending position and after each proposed token.
 
-        Returns (mask, m): `m` is the length of the proposal's grammar-valid prefix, `mask` a bool
-        [m + 1, vocab] tensor (None when no position is constrained: the gate stays closed). The
-        grammar state is unchanged afterwards. Call after `sync`.
+        Returns (mask, m): `m` is the length of the proposal's grammar-valid prefix (it stops
+        before the grammar's stop token), `mask` a bool [m + 1, vocab] tensor (None when no
+        position is constrained: the gate stays closed); a row of all False says the grammar has
+        ended (the committed output holds its stop token). The grammar state is unchanged
+        afterwards. Call after `sync`.
         """
         rows: list[torch.Tensor | None] = []
         accepted = 0
@@ -132,6 +143,16 @@ class SequenceConstraint:
         valid = len(proposal)
         try:
             for i in range(len(proposal) + 1):
+                if opened and self._grammar.is_terminated():
+                    if i == 0:  # the committed output holds the grammar's stop token: nothing may follow
+                        rows.append(torch.zeros(self._grammar.vocab_size, dtype=torch.bool))
+                        valid = 0
+                        break
+                    # The previous proposal token was the grammar's stop token: cut before it, so the
+                    # verifier draws it at the bonus position from the row that allows it (same step
+                    # count), and no token past the end of the grammar is ever proposed.
+                    valid = i - 1
+                    break
                 row = self._grammar.allowed() if opened else self._closed_row
                 if row is not None and i > 0 and not bool(row.any()):
                     valid = i - 1  # the grammar ended at the previous token: that is the bonus position

@@ -58,6 +58,9 @@ class XGrammarState:
     def accept(self, token: int) -> bool:
         return bool(self._matcher.accept_token(int(token)))
 
+    def is_terminated(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
     def rollback(self, num_tokens: int) -> None:
         self._matcher.rollback(num_tokens)
 

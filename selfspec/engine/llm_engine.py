@@ -20,9 +20,10 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.constraint import ConstraintViolation, SequenceConstraint
 from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
 from selfspec.engine.host_threads import limit_host_threads
+from selfspec.engine.isolation import grouped_proposals, guard, prepare_verifies
 from selfspec.engine.logits_processing import has_penalties, penalized, token_logprobs
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome, prepare_grouped_verifies, trimmed_proposal
+from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome, trimmed_proposal, verify_groups
 from selfspec.engine.sampling import SamplingParams, make_generator, processed_probs, sample_from
 from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -136,6 +137,7 @@ class Engine:
         self.steps = 0
         self.step_costs = StepCosts()  # measured forward costs, read by cost-aware policies
         self._by_request: dict[str, list[Sequence]] = {}
+        self.failing_requests: set[str] = set()  # requests being ended by `isolation.fail_request`
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -273,6 +275,10 @@ class Engine:
             self.cancel(s, "request aborted")
         return bool(live)
 
+    def sequences_of(self, request_id: str) -> list[Sequence]:
+        """Every sequence of a live request (samples, drafts); empty once all have finished."""
+        return list(self._by_request.get(request_id, ()))
+
     def finish(self, seq: Sequence, reason: FinishReason, detail: str = "") -> None:
         if seq.is_finished:
             return
@@ -284,7 +290,8 @@ class Engine:
             self.runner.release_slot(seq.slot)
         self.scheduler.remove(seq)
         if seq.policy is not None:
-            seq.policy.on_finish(self, seq)
+            with guard(self, seq, "on_finish"):  # a failing hook fails this request only
+                seq.policy.on_finish(self, seq)
         if all(s.is_finished for s in self._by_request.get(seq.request_id, [])):
             self._by_request.pop(seq.request_id, None)
 
@@ -315,55 +322,71 @@ class Engine:
         # resumes one step later.
         proposing = [seq for seq, take in plan if len(seq.token_ids) - seq.num_cached == 1]
         self._step_room = self._batch_room(plan, len(proposing))
-        grouped = self._grouped_proposals(proposing)
+        grouped = grouped_proposals(self, proposing)
         for seq, take in plan:
+            if seq.is_finished:  # its request failed while this step was planned (`isolation`)
+                continue
             pending = len(seq.token_ids) - seq.num_cached
             if take < pending:
                 chunk = seq.token_ids[seq.num_cached : seq.num_cached + take]
                 chunks.append(Chunk(seq.slot, seq.num_cached, chunk, 0))
                 work.append((seq, take, None, None))
                 continue
-            if pending > 1:
-                proposal = None
-            else:
-                proposal = grouped.pop(seq.seq_id) if seq.seq_id in grouped else self._proposal_for(seq)
-            mask = None
-            if seq.constraint is not None:
-                proposal, mask = self._constrained(seq, proposal)
+            proposal = mask = None
+            if pending == 1:
+                with guard(self, seq, "propose"):
+                    proposal = grouped.pop(seq.seq_id) if seq.seq_id in grouped else self._proposal_for(seq)
+            if seq.constraint is not None and not seq.is_finished:
+                with guard(self, seq, "grammar"):
+                    proposal, mask = self._constrained(seq, proposal)
+            if seq.is_finished:  # failed above: this row is not fed
+                continue
             tokens = seq.token_ids[seq.num_cached :] + (proposal.tokens if proposal else [])
             chunks.append(Chunk(seq.slot, seq.num_cached, tokens, 1 + (len(proposal.tokens) if proposal else 0)))
             work.append((seq, pending, proposal, mask))
+        # Rows of a request that failed after they were planned are not fed either.
+        rows = [i for i, item in enumerate(work) if not item[0].is_finished]
+        chunks, work = [chunks[i] for i in rows], [work[i] for i in rows]
+        failed = [StepEvent(seq, [], True) for seq, _ in plan if seq.finish_reason is FinishReason.ERROR]
+        if not chunks:
+            return failed
         started = time.perf_counter()
         forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _, _ in work])
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
         self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started)
         self.steps += 1
-        prepare_grouped_verifies(self, [(s, forward.argmax[i], p) for i, (s, _, p, _) in enumerate(work) if p])
+        prepare_verifies(self, verify_groups([(s, forward.argmax[i], p) for i, (s, _, p, _) in enumerate(work) if p]))
         events: list[tuple[StepEvent, StepOutcome]] = []
         for i, ((seq, fed, proposal, mask), chunk) in enumerate(zip(work, chunks)):
-            if seq.is_finished:  # cancelled by a policy earlier in this loop
+            if seq.is_finished:  # cancelled by a policy earlier in this loop, or its request failed
                 continue
             if chunk.num_logits == 0:
                 seq.num_cached += fed
                 seq.stats.prefill_forwards += 1
                 continue
             logits, argmax, shape = forward.logits[i], forward.argmax[i], forward.shapes[i]
-            # Siblings first: they copy this sequence's prompt rows before its commit may free them.
-            for sibling in self._start_siblings(seq, fed, proposal):
-                first = self._commit(sibling, 0, None, logits[:1], argmax[:1], shape, self._first_mask(sibling))
-                events.append((StepEvent(sibling, list(first.committed), sibling.is_finished), first))
-            outcome = self._commit(seq, fed, proposal, logits, argmax, shape, mask)
-            if proposal is not None and not seq.is_finished:
-                # Linear-attention state: back to the verified length (a snapshot of this forward).
-                self._settle(seq)
-            events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
+            with guard(self, seq, "verify"):
+                # Siblings first: they copy this sequence's prompt rows before its commit may free them.
+                for sibling in self._start_siblings(seq, fed, proposal):
+                    first = self._commit(sibling, 0, None, logits[:1], argmax[:1], shape, self._first_mask(sibling))
+                    events.append((StepEvent(sibling, list(first.committed), sibling.is_finished), first))
+                outcome = self._commit(seq, fed, proposal, logits, argmax, shape, mask)
+                if proposal is not None and not seq.is_finished:
+                    # Linear-attention state: back to the verified length (a snapshot of this forward).
+                    self._settle(seq)
+                events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
         # Policies react after every row is committed, so a fork sees a consistent engine.
         for event, outcome in events:
             seq = event.seq
             if seq.policy is not None and not seq.is_finished and outcome.committed:
-                seq.policy.on_step(self, seq, outcome)
+                with guard(self, seq, "on_step"):
+                    seq.policy.on_step(self, seq, outcome)
             event.finished = seq.is_finished
-        return [event for event, _ in events]
+        seen = {id(event.seq) for event, _ in events}
+        failed += [
+            StepEvent(s, [], True) for s, *_ in work if s.finish_reason is FinishReason.ERROR and id(s) not in seen
+        ]
+        return [event for event, _ in events] + failed
 
     def _batch_room(self, plan, proposing: int) -> int:
         """Proposal tokens each proposing row may add this step under `max_step_tokens`: an
@@ -374,7 +397,8 @@ class Engine:
         fed = sum(take for _, take in plan)
         return max(0, min(self._max_proposal, (budget - fed) // proposing))
 
-    def _proposal_room(self, seq: Sequence) -> int:
+    def proposal_room(self, seq: Sequence) -> int:
+        """Proposal tokens `seq` may carry this step (engine cap, step share, context, max_tokens)."""
         return min(
             self._max_proposal,
             self._step_room,
@@ -404,29 +428,10 @@ class Engine:
     def _proposal_for(self, seq: Sequence) -> Proposal | None:
         if seq.policy is None:
             return None
-        room = self._proposal_room(seq)
+        room = self.proposal_room(seq)
         if room <= 0:
             return None
         return trimmed_proposal(seq.policy.propose(self, seq, room), room)
-
-    def _grouped_proposals(self, seqs: list[Sequence]) -> dict[int, Proposal | None]:
-        """Proposals made together for sequences whose policies share a `proposal_group` key
-        (e.g. one draft model: one batched draft forward per draft step instead of one per
-        sequence). Groups of one are left to `_proposal_for` (the same call)."""
-        groups: dict[object, list[tuple[Sequence, int]]] = {}
-        for seq in seqs:
-            key = seq.policy.proposal_group() if seq.policy is not None else None
-            room = self._proposal_room(seq) if key is not None else 0
-            if room > 0:
-                groups.setdefault(key, []).append((seq, room))
-        out: dict[int, Proposal | None] = {}
-        for items in groups.values():
-            if len(items) < 2:
-                continue
-            proposals = type(items[0][0].policy).propose_many(self, items)
-            for (seq, room), proposal in zip(items, proposals):
-                out[seq.seq_id] = trimmed_proposal(proposal, room)
-        return out
 
     def _constrained(
         self, seq: Sequence, proposal: Proposal | None

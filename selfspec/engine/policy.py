@@ -14,7 +14,10 @@ state (SSR, suffix decoding, prompt lookup, a draft model, CoSpec). Per step the
 
 A policy may fork children, append forced tokens, truncate or cancel through the engine's
 public methods from these hooks. The engine never asks which method it runs: a policy that
-overrides nothing is plain decoding.
+overrides nothing is plain decoding. An exception raised by any hook ends this request alone,
+with finish reason "error" (`engine.isolation`); the batch goes on without it. A group call
+(`propose_many`, `prepare_verify_many`) that raises is retried with each of its sequences alone,
+so it must accept a list of one.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ class SequencePolicy:
 
     def proposal_group(self) -> object | None:
         """A key shared by sequences whose proposals one batched call can make (a draft
-        model's runner), or None. The engine then calls `propose_many` of this policy's
-        class once per key and step instead of `propose` per sequence."""
+        model's runner), or None. The engine then calls `propose_many` (through the first
+        sequence's policy) once per key and step instead of `propose` per sequence."""
         return None
 
     @staticmethod
@@ -114,12 +117,14 @@ class SequencePolicy:
         """Called once when `seq` finishes, is cancelled or fails."""
 
 
-def prepare_grouped_verifies(engine: Engine, rows: list[tuple[Sequence, list[int], Proposal | None]]) -> None:
-    """Call `prepare_verify_many` once per `verify_group` key with two or more of the step's
-    custom-verifying rows (groups of one decide in `verify` alone, the same work). `rows` carry
-    the runner's greedy tokens (already on the host). Rows whose logits a grammar or a penalty
-    will change first are left out: what was prepared from raw logits would not be what they
-    verify."""
+def verify_groups(
+    rows: list[tuple[Sequence, list[int], Proposal | None]],
+) -> list[list[tuple[Sequence, list[int], Proposal]]]:
+    """The step's rows whose `prepare_verify_many` runs together: per `verify_group` key, two or
+    more custom-verifying rows (groups of one decide in `verify` alone, the same work). `rows`
+    carry the runner's greedy tokens (already on the host). Rows whose logits a grammar or a
+    penalty will change first are left out: what was prepared from raw logits would not be what
+    they verify. The engine makes one call per group (`engine.isolation.prepare_verifies`)."""
     groups: dict[object, list[tuple[Sequence, list[int], Proposal]]] = {}
     for seq, greedy, proposal in rows:
         policy = seq.policy
@@ -130,9 +135,7 @@ def prepare_grouped_verifies(engine: Engine, rows: list[tuple[Sequence, list[int
         key = policy.verify_group()
         if key is not None:
             groups.setdefault(key, []).append((seq, greedy, proposal))
-    for items in groups.values():
-        if len(items) > 1:
-            type(items[0][0].policy).prepare_verify_many(engine, items)
+    return [items for items in groups.values() if len(items) > 1]
 
 
 def trimmed_proposal(proposal: Proposal | None, room: int) -> Proposal | None:

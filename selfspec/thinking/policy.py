@@ -135,11 +135,15 @@ class ThinkingPolicy(SequencePolicy):
         self._consume(engine, seq)
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
-        self._consume(None, seq)
-        if self.proposer is not None:
-            self.proposer.release()  # a draft model's KV slot
-        if self.history is not None and seq.num_output_tokens and seq.finish_reason is not FinishReason.CANCELLED:
-            self.history.add_response(seq.seq_id, seq.output_ids)
+        try:
+            self._consume(None, seq)
+            if self.history is not None and seq.num_output_tokens and seq.finish_reason is not FinishReason.CANCELLED:
+                self.history.add_response(seq.seq_id, seq.output_ids)
+        finally:
+            # A draft model's KV slot is freed even when the rest failed (the engine then ends
+            # this request with an error; the slot must not leak to the requests after it).
+            if self.proposer is not None:
+                self.proposer.release()
 
     # ------------------------------------------------------------------ rules
     def _room_in_phase(self) -> int:
