@@ -2,10 +2,11 @@
 `backend.ServingBackend` (the vLLM one: `selfspec.integrations.vllm.serving`).
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics. A request goes: auth -> body (size-capped, strictly validated) -> model
-name -> `RequestPlanner` (worker thread: chat template, tokenization, limits) ->
-`RequestSession` (engine loop) -> a JSON response or an SSE stream. Every rejection is an
-`APIError` rendered in OpenAI's error shape; an unexpected exception is the only 500.
+GET /metrics; `responses_api` adds the Responses API (/v1/responses). A request goes: auth ->
+body (size-capped, strictly validated) -> model name -> `RequestPlanner` (worker thread: chat
+template, tokenization, limits) -> `RequestSession` (engine loop) -> a JSON response or an SSE
+stream. Every rejection is an `APIError` rendered in OpenAI's error shape; an unexpected
+exception is the only 500.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from selfspec.server.backend import ServingBackend, as_backend
 from selfspec.server.choices import ChoiceOutput, chat_logprobs, completion_logprobs
 from selfspec.server.config import ServerConfig
-from selfspec.server.engine_loop import EngineLoop, Failed, LoopHooks
+from selfspec.server.engine_loop import Accepted, EngineLoop, Failed, LoopHooks
 from selfspec.server.errors import APIError, from_validation_error
 from selfspec.server.metrics import CONTENT_TYPE, ServerMetrics
 from selfspec.server.output_text import ResponseText
@@ -42,7 +43,7 @@ from selfspec.server.session import ClientDisconnected, RequestSession, RequestT
 
 log = logging.getLogger("selfspec.server")
 
-_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
 _OPEN_PATHS = frozenset({"/health"})  # the only route served without the API key (load balancers probe it)
 _JSON_TYPES = ("application/json",)
 
@@ -155,27 +156,12 @@ class ServerState:
     ) -> Response:
         started = time.perf_counter()
         model = self.check_model(body.model)
-        planner = self.planner.plan_chat if chat else self.planner.plan_completion
-        plan: RequestPlan = await run_in_threadpool(planner, body)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        session = RequestSession(request, request_id, plan, self.engine_loop, started)
+        planner = self.planner.plan_chat if chat else self.planner.plan_completion
         try:
-            session.submit(self.retry_after_s())
-        except APIError as exc:
-            if exc.status == 429:
-                self.metrics.rejected.inc()
-            raise
-        try:
-            accepted = await session.accepted()
-        except RequestTimedOut:
-            session.close("timeout")
-            raise APIError(408, f"the request did not start within {plan.timeout_s:g} s", code="timeout") from None
+            plan, session, accepted = await self.start_request(request, request_id, planner, body, started)
         except ClientDisconnected:
-            session.close("client disconnected")
             return Response(status_code=499)
-        except BaseException:
-            session.close("error")
-            raise
         choices = [self._choice_output(plan, accepted.thinking, chat) for _ in range(plan.params.n)]
         created = int(time.time())
         if body.stream:
@@ -216,6 +202,32 @@ class ServerState:
         build = chat_completion if chat else text_completion
         payload = build(request_id, created, model, choices=bodies, usage=usage)
         return JSONResponse(payload, headers={"X-Request-Id": request_id})
+
+    async def start_request(
+        self, request: Request, request_id: str, planner: Any, body: Any, started: float
+    ) -> tuple[RequestPlan, RequestSession, Accepted]:
+        """Plan `body` (in a worker thread), submit it and wait until the engine takes it; shared
+        by every generating route. Raises `ClientDisconnected` (the request already cancelled)."""
+        plan: RequestPlan = await run_in_threadpool(planner, body)
+        session = RequestSession(request, request_id, plan, self.engine_loop, started)
+        try:
+            session.submit(self.retry_after_s())
+        except APIError as exc:
+            if exc.status == 429:
+                self.metrics.rejected.inc()
+            raise
+        try:
+            accepted = await session.accepted()
+        except RequestTimedOut:
+            session.close("timeout")
+            raise APIError(408, f"the request did not start within {plan.timeout_s:g} s", code="timeout") from None
+        except ClientDisconnected:
+            session.close("client disconnected")
+            raise
+        except BaseException:
+            session.close("error")
+            raise
+        return plan, session, accepted
 
     def _choice_output(self, plan: RequestPlan, thinking: bool, chat: bool) -> ChoiceOutput:
         text = ResponseText(
@@ -458,4 +470,7 @@ def create_app(llm: ServingBackend | Any, config: ServerConfig | None = None) ->
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
+    from selfspec.server.responses_api import add_responses_routes  # it builds on this module
+
+    add_responses_routes(app, state)
     return app
