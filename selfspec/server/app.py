@@ -34,6 +34,7 @@ from selfspec.server.choices import ChoiceOutput, chat_logprobs, completion_logp
 from selfspec.server.config import ServerConfig
 from selfspec.server.engine_loop import Accepted, EngineLoop, Failed, LoopHooks
 from selfspec.server.errors import APIError, from_validation_error
+from selfspec.server.grammar_compile import ClientLeft, GrammarCompiles
 from selfspec.server.metrics import CONTENT_TYPE, ServerMetrics
 from selfspec.server.output_text import ResponseText
 from selfspec.server.request_plan import RequestPlan, RequestPlanner
@@ -68,6 +69,7 @@ class ServerState:
             hooks=LoopHooks(on_stats=self.metrics.on_stats, on_aborted=self.metrics.on_aborted),
         )
         self.planner = RequestPlanner(backend, config.defaults, config.request_timeout_s)
+        self.grammar_compiles = GrammarCompiles(backend, config.grammar_compile_timeout_s)
         self.created = int(time.time())
         self._latency_ema: float | None = None
         fmt = backend.thinking_format
@@ -209,6 +211,10 @@ class ServerState:
         """Plan `body` (in a worker thread), submit it and wait until the engine takes it; shared
         by every generating route. Raises `ClientDisconnected` (the request already cancelled)."""
         plan: RequestPlan = await run_in_threadpool(planner, body)
+        try:  # off the engine loop and this thread, bounded in time (grammar_compile)
+            await self.grammar_compiles.resolve(plan.rules, request, started + plan.timeout_s)
+        except ClientLeft:
+            raise ClientDisconnected() from None
         session = RequestSession(request, request_id, plan, self.engine_loop, started)
         try:
             session.submit(self.retry_after_s())

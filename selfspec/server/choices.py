@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from selfspec.engine.logits_processing import TokenLogprob
 from selfspec.server.output_text import ResponseText
+from selfspec.server.token_bytes import token_bytes_for
 from selfspec.server.tool_calls import ParsedToolCall, make_parser
 
 
@@ -39,6 +40,7 @@ class ChoiceOutput:
         self.output_ids: list[int] = []
         self.answer_start: int | None = None
         self.content = ""
+        self._held = ""  # whitespace-only content not yet shown (see `_hold_whitespace`)
         self.tool_calls: list[ParsedToolCall] = []
         self.logprobs: list[TokenLogprob] = []
 
@@ -71,9 +73,24 @@ class ChoiceOutput:
             for call in calls:
                 delta.tool_calls.append(call.as_openai(index=len(self.tool_calls)))
                 self.tool_calls.append(call)
+            content = self._hold_whitespace(content, finished)
         self.content += content
         delta.content = content
         return delta
+
+    def _hold_whitespace(self, content: str, finished: bool) -> str:
+        """With tools, trailing whitespace waits until visible text follows it, and is dropped
+        when the answer ends with calls: the newlines a model writes around and between its
+        calls belong to the call syntax, not to the content. The rule depends only on the whole
+        text, not on how it was chunked, so streamed and non-streamed replies carry the same
+        content (none at all for calls alone)."""
+        content = self._held + content
+        visible = len(content.rstrip())
+        self._held = content[visible:]
+        if finished:
+            self._held = ""
+            return content if not self.tool_calls else content[:visible]
+        return content[:visible]
 
     @property
     def reasoning(self) -> str | None:
@@ -100,9 +117,11 @@ class ChoiceOutput:
 def chat_logprobs(tokenizer: Any, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """`choice.logprobs` of a chat completion: one item per token with its top alternatives."""
 
+    token_bytes = token_bytes_for(tokenizer)
+
     def item(token: int, logprob: float) -> dict[str, Any]:
-        text = tokenizer.decode([token])
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        # `bytes` are the token's own (an emoji's first byte, not a replacement character's).
+        return {"token": tokenizer.decode([token]), "logprob": logprob, "bytes": list(token_bytes(token))}
 
     content = []
     for entry in entries:

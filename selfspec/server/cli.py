@@ -331,6 +331,11 @@ def serve_command(
     request_timeout: float = typer.Option(
         600.0, help="Seconds after which a request is cancelled (a request may ask for less)."
     ),
+    grammar_compile_timeout: float = typer.Option(
+        30.0,
+        min=0.001,
+        help="Seconds a request's grammar (response_format, a forced tool call) may take to compile; beyond: 400.",
+    ),
     api_key: Optional[str] = typer.Option(
         None,
         envvar="SELFSPEC_API_KEY",
@@ -432,6 +437,7 @@ def serve_command(
             served_model_names=list(served_model_name or [default_served_name(model)]),
             max_queue=max_queue,
             request_timeout_s=request_timeout,
+            grammar_compile_timeout_s=grammar_compile_timeout,
             api_key=api_key,
             defaults=defaults,
         )

@@ -72,6 +72,8 @@ class ServerConfig:
     api_key: when set, /v1 endpoints need `Authorization: Bearer <api_key>`.
     body_timeout_s: a request body still incomplete after this many seconds gets 408 (a request
       head has its own deadline, `connections.HEADER_TIMEOUT_S`).
+    grammar_compile_timeout_s: a request's grammar (response_format, a forced tool call) still
+      compiling after this many seconds is refused (400); see `grammar_compile`.
     """
 
     served_model_names: list[str] = field(default_factory=lambda: ["selfspec"])
@@ -80,6 +82,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     body_timeout_s: float = 30.0
+    grammar_compile_timeout_s: float = 30.0
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
 
     def __post_init__(self) -> None:
@@ -91,5 +94,7 @@ class ServerConfig:
             raise ValueError("request_timeout_s must be > 0")
         if not self.body_timeout_s > 0:
             raise ValueError("body_timeout_s must be > 0")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError("grammar_compile_timeout_s must be > 0")
         if self.api_key is not None and not self.api_key:
             raise ValueError("the api key must not be empty")

@@ -97,3 +97,25 @@ def from_validation_error(exc: ValidationError, *, prefix: str = "") -> APIError
     if len(described) > 3:
         text += f" (and {len(described) - 3} more)"
     return APIError(400, text, param=described[0][0], code="invalid_value")
+
+
+# A library's source location: "[04:29:21] /project/cpp/json_schema_converter.cc:5082: " and the like.
+_TIMESTAMP = re.compile(r"\[\d{1,2}:\d{2}:\d{2}\]\s*")
+_SOURCE_LOCATION = re.compile(r"(?:[A-Za-z]:)?(?:[\w.\-~]*[/\\])+[\w.\-]+(?::\d+)+:?\s*")
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\w.\-~]*[/\\]){2,}[\w.\-]+")
+_CHECK_FAILED = re.compile(r"Check failed:\s*(?:\(.*?\)\s*is\s*false:?\s*)?")
+
+
+def clean_library_message(text: str, fallback: str = "rejected by the library") -> str:
+    """A library's error text as a client may see it: its first meaningful line without
+    timestamps, source files, line numbers or assertion wording (xgrammar reports
+    `[hh:mm:ss] /path/to/cpp/file.cc:123: Check failed: ...`). The server logs the full text;
+    paths in a response would only tell a client how the server is built."""
+    for line in text.splitlines():
+        line = _TIMESTAMP.sub("", line)
+        line = _SOURCE_LOCATION.sub("", line)
+        line = _CHECK_FAILED.sub("", line)
+        line = _PATH.sub("<path>", line).strip(" :")
+        if line and not line.lower().startswith(("stack trace", "traceback")):
+            return line
+    return fallback

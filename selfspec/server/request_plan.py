@@ -52,6 +52,10 @@ class RequestPlan:
         return self.rules.grammar
 
 
+def _is_on(value: Any) -> bool:
+    return value is not None and value is not False
+
+
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in override.items():
@@ -219,7 +223,7 @@ class RequestPlanner:
     # ------------------------------------------------------------------ entry points
     def plan_chat(self, body: ChatCompletionRequest) -> RequestPlan:
         spec, mode = resolve_for(body, self.defaults, self.backend)
-        thinking = self._thinking(body.requested_thinking, spec)
+        thinking, spec, mode = self._thinking(body.requested_thinking, spec, mode, body.options)
         rules = output_rules(self.backend, body)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.uses_tools else None
         try:
@@ -238,7 +242,7 @@ class RequestPlanner:
         requested = options.thinking
         if requested is None and spec is None:
             requested = False
-        thinking = self._thinking(requested, spec)
+        thinking, spec, mode = self._thinking(requested, spec, mode, options)
         rules = output_rules(self.backend, body)
         prompt = body.single_prompt()
         if isinstance(prompt, str):
@@ -262,11 +266,29 @@ class RequestPlanner:
         return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="prompt", rules=rules)
 
     # ------------------------------------------------------------------ shared
-    def _thinking(self, requested: bool | None, spec: Spec) -> bool | None:
+    def _thinking(
+        self, requested: bool | None, spec: Spec, mode: str, options: SelfspecOptions
+    ) -> tuple[bool | None, Spec, str]:
+        """Whether the request thinks, and its speculation. SSR speculates on a chain of thought:
+        on a model that thinks by default it turns thinking on; on one that does not (SmolLM2's
+        thinking is only prompted) it never does so silently: a request naming `selfspec.ssr`
+        must also ask for thinking (else 400), and the server's default SSR is left to the
+        requests that think (the others run plain)."""
         thinking = requested if requested is not None else self.defaults.thinking
         if thinking is None and getattr(spec, "needs_thinking", False):
-            thinking = True
-        return thinking
+            if self.backend.thinking_enabled(None):
+                thinking = True
+            elif _is_on(options.ssr):
+                raise APIError(
+                    400,
+                    "SSR speculates on a chain of thought and this model does not think by default: "
+                    "ask for thinking as well (selfspec.thinking: true, prompted thinking) or leave selfspec.ssr off",
+                    param=_SPEC_FIELD.get(mode, "selfspec.speculation"),
+                    code="thinking_required",
+                )
+            else:
+                spec, mode = None, "plain"
+        return thinking, spec, mode
 
     def _finish(
         self,
@@ -343,16 +365,9 @@ class RequestPlanner:
                 "CoSpec arbitrates greedy verification tokens: send temperature 0 with selfspec.cospec",
                 param="temperature",
             )
-        if rules.grammar is not None:
-            from selfspec.engine.grammar import GrammarError
-
-            try:  # here, in the worker thread: compiling a big schema must not stall the engine thread
-                rules.grammar = self.backend.grammars.compile(
-                    rules.grammar, gated=self.backend.thinking_enabled(thinking)
-                )
-            except GrammarError as exc:
-                raise APIError(400, str(exc), param="response_format", code="invalid_grammar") from None
-        if mode == "cospec" and (rules.grammar is not None or params.n > 1):
+        if rules.spec is not None:  # compiled later, by `grammar_compile`, never on this thread
+            rules.gated = self.backend.thinking_enabled(thinking)
+        if mode == "cospec" and (rules.spec is not None or params.n > 1):
             raise APIError(
                 400,
                 "CoSpec runs one unconstrained sample: send it without a grammar and with n=1",

@@ -45,6 +45,17 @@ class TextPart(_Lenient):
     text: str
 
 
+class RefusalPart(_Lenient):
+    """An assistant turn's refusal, as the openai client echoes a refused reply back into the
+    history; rendered as that turn's text (only assistant messages may hold one)."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Union[TextPart, RefusalPart]
+
+
 class FunctionCall(_Lenient):
     name: str = Field(min_length=1)
     arguments: str
@@ -58,7 +69,7 @@ class ToolCall(_Lenient):
 
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[ContentPart], None] = None
     name: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -69,7 +80,7 @@ class ChatMessage(_Lenient):
         arguments as an object, which templates render with `tojson`, as vLLM hands them over)."""
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "".join(part.text if isinstance(part, TextPart) else part.refusal for part in content)
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
@@ -96,11 +107,23 @@ def _as_object(arguments: str) -> Any:
         return arguments
 
 
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
 class FunctionDefinition(_Lenient):
+    """A function tool. Missing or empty `parameters` mean a function without parameters, as
+    OpenAI reads them: the arguments are the empty object `{}` (the JSON schema `{}` would allow
+    any JSON value, arrays and endless numbers included, and a forced call would never end)."""
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, Any] | None = Field(default=None, validate_default=True)
     strict: bool | None = None
+
+    @field_validator("parameters", mode="after")
+    @classmethod
+    def _empty_is_no_parameters(cls, value: dict[str, Any] | None) -> dict[str, Any]:
+        return dict(EMPTY_PARAMETERS, properties={}) if not value else value
 
 
 class ToolDefinition(_Lenient):
@@ -118,11 +141,15 @@ class NamedToolChoice(_Lenient):
 
 
 class StreamOptions(_Strict):
+    """`include_obfuscation` is accepted and ignored: OpenAI pads chunks against side channels on
+    its network; a local server sends none of that padding."""
+
     include_usage: bool = False
+    include_obfuscation: bool | None = None
 
 
 class JSONSchemaFormat(_Lenient):
-    name: str = Field(default="response", max_length=64)
+    name: str = Field(min_length=1, max_length=64)  # required, as OpenAI requires it
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
@@ -222,14 +249,14 @@ class _CommonRequest(_Strict):
 
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: int | None = Field(default=1, ge=1, le=MAX_N)  # null: the default, as OpenAI reads it
     stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] | None = None
-    stream: bool = False
+    stream: bool | None = False  # null: the default
     stream_options: StreamOptions | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = False
@@ -246,6 +273,14 @@ class _CommonRequest(_Strict):
     @classmethod
     def _lift(cls, data: Any) -> Any:
         return _lift_selfspec_keys(data)
+
+    @field_validator("n", "stream")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: Any) -> Any:
+        """OpenAI's clients and SDKs send `null` for an option left unset."""
+        if value is None:
+            return 1 if info.field_name == "n" else False
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -311,6 +346,7 @@ class ChatCompletionRequest(_CommonRequest):
 
     @model_validator(mode="after")
     def _check_chat(self) -> "ChatCompletionRequest":
+        _check_messages(self.messages)
         names = [tool.function.name for tool in self.tools or []]
         if len(set(names)) != len(names):
             raise UnsupportedField("tools", "tool names must be unique")
@@ -369,6 +405,28 @@ class ChatCompletionRequest(_CommonRequest):
     def logprobs_count(self) -> int | None:
         """Alternatives per token for the engine (None: no logprobs)."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def _check_messages(messages: list[ChatMessage]) -> None:
+    """What OpenAI refuses in a conversation: a tool result that names no call, a call whose
+    arguments are not JSON text, a refusal part outside an assistant turn."""
+    for i, message in enumerate(messages):
+        if message.role == "tool" and not message.tool_call_id:
+            raise UnsupportedField(f"messages.{i}.tool_call_id", "a message with role tool needs a tool_call_id")
+        if isinstance(message.content, list) and message.role != "assistant":
+            for j, part in enumerate(message.content):
+                if isinstance(part, RefusalPart):
+                    raise UnsupportedField(
+                        f"messages.{i}.content.{j}", "refusal content parts belong to assistant messages only"
+                    )
+        for j, call in enumerate(message.tool_calls or []):
+            try:
+                json.loads(call.function.arguments)
+            except json.JSONDecodeError as exc:
+                raise UnsupportedField(
+                    f"messages.{i}.tool_calls.{j}.function.arguments",
+                    f"the arguments of a tool call must be JSON text ({exc.msg} at character {exc.pos})",
+                ) from None
 
 
 class CompletionRequest(_CommonRequest):
