@@ -8,6 +8,11 @@ engine: they hand a job over through `submit` (thread-safe, bounded: a full queu
 `asyncio.Queue`, filled from this thread with `loop.call_soon_threadsafe`. Cancellation
 (client gone, timeout) goes the same way, through `abort`. When no request is live the
 thread sleeps on a condition variable; it never spins.
+
+Failures: the engine ends a request whose method fails (proposer, grammar, verifier, hooks) on
+its own, with finish reason "error" (`selfspec.engine.isolation`); that request alone gets a
+`Failed` (a 500 naming the cause, or an error event in its stream). Only an exception out of a
+whole step (the batched forward) fails every live request (`_abandon_live`).
 """
 
 from __future__ import annotations
@@ -284,7 +289,7 @@ class EngineLoop:
                 try:
                     first, *others = [self._finished(live, sample, i) for i, sample in enumerate(live.samples)]
                     first.others = others
-                    final: Update = first
+                    final: Update = _failure_of(first) or first
                 except Exception:  # noqa: BLE001 - one request's failure must not stop the loop
                     log.exception("could not build the result of request %s", request_id)
                     final = Failed("internal error while finishing the request", client_error=False)
@@ -354,3 +359,13 @@ class EngineLoop:
             steps=counts.steps,
         )
         self.hooks.on_stats(self.stats)
+
+
+def _failure_of(finished: Finished) -> Failed | None:
+    """A request whose method failed in the engine (finish reason "error": the engine ended it
+    alone, `selfspec.engine.isolation`) is that request's server error, with the engine's detail
+    (the stage and the exception) as its message; its neighbours in the batch are unaffected."""
+    for choice in finished.choices:
+        if choice.finish_reason == "error":
+            return Failed(choice.finish_detail or "internal error while generating", client_error=False)
+    return None
