@@ -23,7 +23,7 @@ from selfspec.config import parse_baseline_spec
 from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
 from selfspec.server.backend import ServingBackend, as_backend
 from selfspec.server.config import RequestDefaults
-from selfspec.server.errors import APIError, from_validation_error
+from selfspec.server.errors import APIError, clean_library_message, from_validation_error
 from selfspec.server.schemas import ChatCompletionRequest, CompletionRequest, CoSpecOptions, SelfspecOptions
 from selfspec.server.structured import OutputRules, output_rules
 from selfspec.spec.base import MethodConfig
@@ -232,7 +232,8 @@ class RequestPlanner:
             raise APIError(400, str(exc), param="messages") from None
         except Exception as exc:  # noqa: BLE001 - a template/tokenizer rejecting this input
             log.warning("chat template failed on a request: %r", exc)
-            raise APIError(400, f"could not build the prompt from these messages: {exc}", param="messages") from None
+            reason = clean_library_message(str(exc), type(exc).__name__)
+            raise APIError(400, f"could not build the prompt from these messages: {reason}", param="messages") from None
         return self._finish(body, prompt_ids, spec, mode, thinking, prompt_field="messages", rules=rules)
 
     def plan_completion(self, body: CompletionRequest) -> RequestPlan:
@@ -251,7 +252,9 @@ class RequestPlanner:
             try:
                 prompt_ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
             except Exception as exc:  # noqa: BLE001 - the tokenizer rejecting this text
-                raise APIError(400, f"could not tokenize the prompt: {exc}", param="prompt") from None
+                log.warning("tokenizer failed on a prompt: %r", exc)
+                reason = clean_library_message(str(exc), type(exc).__name__)
+                raise APIError(400, f"could not tokenize the prompt: {reason}", param="prompt") from None
         else:
             prompt_ids = list(prompt)
             if not prompt_ids:
