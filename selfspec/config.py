@@ -1,6 +1,7 @@
 """The configuration surface: engine knobs and the speculation methods as one pydantic union.
 
-`SpecConfig` is a discriminated union on `method`, so a plain dict from a CLI flag, a YAML file
+`SpecConfig` is a discriminated union on `method` ("auto", the default policy; "off", plain
+decoding; or one fixed method), so a plain dict from a CLI flag, a YAML file
 or an HTTP body becomes the right config class, validated, with one error that names the bad
 field (`parse_spec({"method": "ssr", "draft_budgets": [200]})`). `LLM.generate(spec=...)`, the
 CLI and the server all take these classes.
@@ -13,6 +14,7 @@ from typing import Annotated, Any, Union
 from pydantic import Discriminator, Field, Tag, TypeAdapter
 
 from selfspec.engine.config import EngineConfig
+from selfspec.spec.auto import AutoConfig, OffConfig
 from selfspec.spec.base import MethodConfig
 from selfspec.spec.cospec.policy import CoSpecConfig
 from selfspec.spec.draft_model import DraftModelConfig
@@ -22,7 +24,7 @@ from selfspec.spec.suffix import SuffixDecodingConfig, SuffixOptions
 from selfspec.thinking.policy import ThinkingLimits
 
 SpecConfig = Annotated[
-    Union[SSRConfig, SuffixDecodingConfig, PromptLookupConfig, DraftModelConfig, CoSpecConfig],
+    Union[AutoConfig, OffConfig, SSRConfig, SuffixDecodingConfig, PromptLookupConfig, DraftModelConfig, CoSpecConfig],
     Field(discriminator="method"),
 ]
 """Any one speculation method's config, chosen by its `method` field."""
@@ -48,13 +50,16 @@ BaselineSpecConfig = Annotated[
 _spec_adapter: TypeAdapter = TypeAdapter(SpecConfig)
 _baseline_adapter: TypeAdapter = TypeAdapter(BaselineSpecConfig)
 
-METHODS: tuple[str, ...] = ("ssr", "suffix", "ngram", "draft", "cospec")
+METHODS: tuple[str, ...] = ("auto", "off", "ssr", "suffix", "ngram", "draft", "cospec")
 
 
-def parse_spec(data: dict[str, Any] | MethodConfig) -> MethodConfig:
-    """A speculation config from a dict with a `method` key (or a config, returned as is)."""
+def parse_spec(data: str | dict[str, Any] | MethodConfig) -> MethodConfig:
+    """A speculation config from a method name ("auto", "off", "ngram", ...: its defaults), a
+    dict with a `method` key, or a config (returned as is)."""
     if isinstance(data, MethodConfig):
         return data
+    if isinstance(data, str):
+        data = {"method": data}
     return _spec_adapter.validate_python(data)
 
 
@@ -66,12 +71,14 @@ def parse_baseline_spec(data: dict[str, Any] | MethodConfig) -> MethodConfig:
 
 
 __all__ = [
+    "AutoConfig",
     "BaselineSpecConfig",
     "CoSpecConfig",
     "DraftModelConfig",
     "EngineConfig",
     "METHODS",
     "MethodConfig",
+    "OffConfig",
     "PromptLookupConfig",
     "SSRConfig",
     "SpecConfig",

@@ -86,6 +86,15 @@ class StepCosts:
         per_token = statistics.median(self._samples[(1, buckets[-1])])
         return per_token / decode
 
+    def step_seconds(self, min_samples: int = MIN_SAMPLES) -> dict[tuple[int, int], float]:
+        """Median seconds of a step per measured shape (rows, tokens-per-row bucket), taking a
+        row's tokens as its bucket: the points a cost model of all shapes is fitted to."""
+        return {
+            (rows, bucket): statistics.median(s) * bucket
+            for (rows, bucket), s in self._samples.items()
+            if len(s) >= min_samples
+        }
+
     def summary(self) -> dict[str, float]:
         """Median milliseconds per fed token and shape bucket ("2x1": two rows of one token, a
         decode step; "1x64": one row of 33-64 tokens), for reports."""

@@ -1,0 +1,231 @@
+"""`method: auto`: the speculation a request gets when it names none, chosen per request and step.
+
+What pays differs by request and by machine: copying from the prompt and the chain of thought
+(prompt lookup) is nearly free on a GPU and pays wherever text repeats; a draft answer forked
+from the partial CoT (SSR) pays only where the answer is long and the draft gets accepted, and
+its extra row is cheap on a GPU, dear on a CPU and dear on a full batch. So auto decides:
+
+- per request: a request that thinks runs SSR (`spec.ssr`, built from an `SSRConfig`, not a
+  second implementation) with prompt lookup in the chain of thought, the cost gate on the
+  drafts (`gate="cost"`: a draft is forked only where its row pays on the measured step
+  costs, and cancelled when it stops paying), iterative drafting that stops once two drafts
+  agree (`converge_tokens`), and in the answer the draft's prefix, then the draft's suffix
+  index beside prompt lookup over prompt + CoT (the longer proposal wins). A request that
+  does not think, or whose answer is too short for a draft to pay, copies (prompt lookup).
+- per step: how many tokens to propose (`spec.proposal_length`), from the engine's measured
+  step costs at the current batch size and this request's recent acceptance; none when
+  nothing pays, and never beyond a per-step budget of `max_step_ratio` decode steps, so a
+  full batch falls back to plain decoding row by row.
+
+Every path is lossless: it only decides what the engine's exact verifier is shown.
+`result.metrics["auto"]` says what was chosen and why (path, fallback, proposal lengths,
+tokens proposed and accepted per phase and source); the drafts' gate verdicts are in
+`draft_gate` as for SSR.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from selfspec.engine.policy import Proposal, StepOutcome
+from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.spec.longest import LongestProposer, thinking_proposer
+from selfspec.spec.ngram import NgramProposer
+from selfspec.spec.proposal_length import LengthController
+from selfspec.spec.ssr import SSRPolicy
+from selfspec.spec.ssr_core import SSRConfig, SSRStage
+from selfspec.spec.suffix import SuffixOptions
+from selfspec.thinking.policy import Phase, ThinkingPolicy
+
+if TYPE_CHECKING:
+    from selfspec.engine.llm_engine import Engine
+    from selfspec.engine.sequence import Sequence
+
+__all__ = ["AutoConfig", "AutoLookupPolicy", "AutoSSRPolicy", "OffConfig"]
+
+LOOKUP_TOKENS = 32
+"""Prompt lookup's longest copy on the lookup path; the per-step length rule cuts it further."""
+
+
+class AutoConfig(MethodConfig):
+    """The default speculation: SSR on thinking requests, prompt lookup elsewhere, lengths
+    chosen per step from measured costs (see the module docstring). Every knob has a default
+    that is meant to be left alone.
+
+    lookup: what copies on the lookup path and in the chain of thought: "ngram" (prompt lookup)
+      or "longest" (the longer of prompt lookup and SuffixDecoding over the request's context:
+      more host time per step, worth it where a step costs milliseconds).
+    draft_interval / converge_tokens / max_draft_len: SSR's iterative drafting (a draft every
+      `draft_interval` CoT tokens, none once two drafts agree on `converge_tokens` tokens).
+    min_answer_tokens: a thinking request whose answer may be at most this long (answer cap or
+      max_tokens) takes the lookup path: a draft cannot save more than the answer.
+    acceptance_prior / prefix_acceptance_prior: the per-token acceptance assumed before a
+      request's own proposals were verified (copies; the draft's prefix).
+    margin: a proposal must promise this many times a plain step's tokens per unit cost.
+    max_step_ratio: no proposal makes a step cost more than this many decode steps of the
+      same batch (the per-step token budget).
+    """
+
+    method: Literal["auto"] = "auto"
+    lookup: Literal["ngram", "longest"] = "ngram"
+    draft_interval: int = Field(256, ge=1)
+    converge_tokens: int = Field(16, ge=1)
+    max_draft_len: int = Field(512, ge=1)
+    min_answer_tokens: int = Field(32, ge=0)
+    acceptance_prior: float = Field(0.6, gt=0.0, lt=1.0)
+    prefix_acceptance_prior: float = Field(0.8, gt=0.0, lt=1.0)
+    margin: float = Field(1.05, ge=1.0)
+    max_step_ratio: float = Field(1.5, ge=1.0)
+
+    def ssr_config(self) -> SSRConfig:
+        """The SSR settings the thinking path runs with."""
+        return SSRConfig(
+            draft_interval=self.draft_interval,
+            max_draft_len=self.max_draft_len,
+            speculate_thinking=True,
+            thinking_speculator=self.lookup,
+            gate="cost",
+            converge_tokens=self.converge_tokens,
+            speculate_drafts=True,
+        )
+
+    def controller(self) -> LengthController:
+        priors = {"thinking": self.acceptance_prior, "answer": self.acceptance_prior}
+        priors["draft_prefix"] = self.prefix_acceptance_prior
+        return LengthController(priors, margin=self.margin, max_step_ratio=self.max_step_ratio)
+
+    def choose_path(self, ctx: MethodContext) -> tuple[str, str | None]:
+        """("ssr" | "lookup", why the lookup path was taken where a thinking request could draft)."""
+        fmt = ctx.thinking_format
+        if not ctx.thinking or fmt is None or fmt.kind == "none":
+            return "lookup", None
+        answer_room = ctx.params.max_tokens
+        if ctx.limits is not None and ctx.limits.answer_cap is not None:
+            answer_room = min(answer_room, ctx.limits.answer_cap)
+        if answer_room <= self.min_answer_tokens:
+            return "lookup", f"answer of at most {answer_room} tokens: a draft cannot pay"
+        return "ssr", None
+
+    def build(self, ctx: MethodContext) -> ThinkingPolicy:
+        path, why = self.choose_path(ctx)
+        if path == "ssr":
+            return AutoSSRPolicy(self, ctx)
+        return AutoLookupPolicy(self, ctx, fallback=why)
+
+
+def _rows(engine: "Engine") -> int:
+    """Rows the engine runs this step (drafts included: each is a row the step pays for)."""
+    return max(1, engine.num_running)
+
+
+def _lookup_proposer(kind: str):
+    if kind == "longest":
+        return thinking_proposer("longest", SuffixOptions().to_config(index_context=True))
+    return NgramProposer(num_tokens=LOOKUP_TOKENS)
+
+
+class AutoLookupPolicy(ThinkingPolicy):
+    """The copy path: prompt lookup (or the longer of it and SuffixDecoding) in both phases,
+    under the thinking rules, with the per-step length rule."""
+
+    def __init__(self, config: AutoConfig, ctx: MethodContext, fallback: str | None = None) -> None:
+        super().__init__(
+            ctx.thinking_format, ctx.limits, thinking=ctx.thinking, proposer=_lookup_proposer(config.lookup)
+        )
+        self.config = config
+        self.lengths = config.controller()
+        self.fallback = fallback
+
+    def _kind(self) -> str:
+        return "thinking" if self.phase is Phase.THINKING else "answer"
+
+    def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        room = self._proposal_room(max_tokens)
+        if room <= 0:
+            return None
+        k = self.lengths.choose(self._kind(), engine.step_costs, _rows(engine), room)
+        if k == 0:
+            return None
+        proposal = self.proposer.propose(seq.token_ids, k)
+        return Proposal(proposal.tokens, source=self._kind()) if proposal.tokens else None
+
+    def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
+        if outcome.proposal is not None and outcome.proposal.source is not None:
+            kind = outcome.proposal.source
+            self.lengths.record(kind, kind, "lookup", outcome.proposed, outcome.accepted)
+        super().on_step(engine, seq, outcome)
+
+    def report(self) -> dict:
+        return {"auto": {"path": "lookup", "fallback": self.fallback, **self.lengths.report()}}
+
+
+class AutoSSRPolicy(SSRPolicy):
+    """The drafting path: SSR with auto's settings, each step's proposal cut to the length the
+    measured costs and this request's acceptance pay for."""
+
+    def __init__(self, config: AutoConfig, ctx: MethodContext) -> None:
+        super().__init__(
+            config.ssr_config(),
+            ctx.thinking_format,
+            ctx.limits,
+            thinking=ctx.thinking,
+            global_history=ctx.global_history,
+            acceptance=ctx.draft_acceptance,
+        )
+        self.auto = config
+        self.lengths = config.controller()
+        self._answer_source = "lookup"  # what the last answer-stage proposal came from
+
+    def _kind(self) -> str:
+        if self.phase is not Phase.ANSWER:
+            return "thinking"
+        return "draft_prefix" if self.answer.stage is SSRStage.PREFIX else "answer"
+
+    def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        k = self.lengths.choose(self._kind(), engine.step_costs, _rows(engine), max_tokens)
+        if k == 0:
+            return None
+        suffix = self.answer.suffix_proposer
+        before = list(suffix.chosen_counts) if isinstance(suffix, LongestProposer) else None
+        proposal = super().propose(engine, seq, k)
+        if proposal is not None and proposal.source == SSRStage.SUFFIX.value:
+            # The answer's copy stage: the longer of prompt lookup (child 0) and the drafts' index.
+            chose_draft = before is not None and suffix.chosen_counts[1] > before[1]
+            self._answer_source = "draft_suffix" if chose_draft else "lookup"
+        return proposal
+
+    def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
+        proposal = outcome.proposal
+        if proposal is not None and proposal.source is not None:
+            source = proposal.source
+            if source == SSRStage.THINKING.value:
+                self.lengths.record("thinking", "thinking", "lookup", outcome.proposed, outcome.accepted)
+            elif source == SSRStage.PREFIX.value:
+                self.lengths.record("draft_prefix", "answer", "draft_prefix", outcome.proposed, outcome.accepted)
+            else:
+                self.lengths.record("answer", "answer", self._answer_source, outcome.proposed, outcome.accepted)
+        super().on_step(engine, seq, outcome)
+
+    def report(self) -> dict:
+        out = super().report()
+        gate = out.get("draft_gate") or []
+        out["auto"] = {
+            "path": "ssr",
+            "fallback": None,
+            "drafts_forked": out.get("drafts", 0),
+            "drafts_declined": sum(1 for v in gate if v["action"] in ("skip", "cancel")),
+            **self.lengths.report(),
+        }
+        return out
+
+
+class OffConfig(MethodConfig):
+    """`method: off`: no speculation, plain decoding under the thinking rules (what a request gets
+    with speculation turned off where auto is the default)."""
+
+    method: Literal["off"] = "off"
+
+    def build(self, ctx: MethodContext) -> ThinkingPolicy:
+        return ThinkingPolicy(ctx.thinking_format, ctx.limits, thinking=ctx.thinking)

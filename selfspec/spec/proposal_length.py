@@ -1,0 +1,204 @@
+"""How many tokens to propose this step: the length that maximises expected tokens per unit cost.
+
+A proposal of k tokens turns one step into a verify of 1 + k tokens per row. It pays when the
+tokens it is expected to commit outweigh what the longer step costs:
+
+    value(k) = E[accepted + 1 | k] / (cost(rows, 1 + k) / cost(rows, 1))
+
+With a per-token acceptance rate α (each proposed token accepted with probability α, the
+first rejection ending the run), E[accepted + 1 | k] = 1 + α + ... + α^k. The cost ratio is the
+engine's own measurement (`engine.step_costs`) of a step of `rows` rows feeding 1 + k tokens
+each, against a decode step of as many rows: every row of a busy batch is assumed to speculate
+as this one does, so the figure is the batch's throughput, not one request's latency, and a
+length that would make the batch slower than plain decoding is never chosen. Where that exact
+shape was not measured, a line fitted to every measured shape (a fixed cost per forward plus a
+cost per fed token) stands in; before anything is measured, a prior that lets short proposals
+through (so the costs get measured at all).
+
+On top of the value rule, once the step has other rows, a per-step budget caps it at
+`max_step_ratio` decode steps of the same batch, whatever the acceptance says: as the batch fills, a verify's extra tokens stop
+being free (the forward turns compute-bound) and the budget shrinks every row's proposal to
+nothing. k = 0 is a plain decode step.
+
+The choice only decides how much is verified; every committed token is still the verifier's,
+so outputs do not depend on it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from selfspec.engine.step_costs import StepCosts
+
+CANDIDATES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""Proposal lengths considered (besides 0 and the step's room): a coarse grid is enough, the
+cost model itself is bucketed by powers of two."""
+
+TOKEN_COST_PRIOR = 0.05
+"""Before any step was measured: one fed token costs this fraction of a forward's fixed part
+(a GPU on a small model is nearer 0.005, a 2-core CPU nearer 0.1): short proposals get tried."""
+
+MAX_ALPHA = 0.98
+"""The acceptance rate used is at most this: a run of full acceptances must not promise
+unbounded lengths."""
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[accepted + 1] of a k-token proposal at per-token acceptance `alpha`."""
+    a = min(max(alpha, 0.0), MAX_ALPHA)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+class AcceptanceRate:
+    """One request's per-token acceptance rate for one kind of proposal, exponentially weighted.
+
+    Each verified proposal is a run of Bernoulli trials: `accepted` successes, then one failure
+    if the run stopped short of the proposal. Recent proposals weigh most (`decay` per
+    proposal), and the prior counts as `prior_weight` trials; steps without a proposal pull the
+    estimate back toward the prior (`relax`), so a source that failed for a while gets tried
+    again instead of staying off for the rest of the request."""
+
+    def __init__(self, prior: float, *, decay: float = 0.7, prior_weight: float = 1.0, relax: float = 0.97) -> None:
+        self.prior = prior
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.relax = relax
+        self.successes = 0.0
+        self.trials = 0.0
+
+    @property
+    def value(self) -> float:
+        return (self.successes + self.prior * self.prior_weight) / (self.trials + self.prior_weight)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """One verified proposal of `proposed` tokens of which the first `accepted` were kept."""
+        if proposed <= 0:
+            return
+        trials = accepted + (1 if accepted < proposed else 0)
+        self.successes = self.decay * self.successes + accepted
+        self.trials = self.decay * self.trials + trials
+
+    def idle(self) -> None:
+        """A step without a proposal of this kind: the evidence fades a little."""
+        self.successes *= self.relax
+        self.trials *= self.relax
+
+
+def _line_fit(points: dict[tuple[int, int], float]) -> tuple[float, float] | None:
+    """Least-squares (fixed seconds, seconds per fed token) over (rows, tokens) -> seconds."""
+    xs = [rows * tokens for rows, tokens in points]
+    ys = list(points.values())
+    if len(set(xs)) < 2:
+        return None
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    per_token = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx)
+    fixed = my - per_token * mx
+    fixed = max(fixed, 1e-3 * min(ys))  # a compute-bound fit: (almost) no fixed part
+    return fixed, per_token
+
+
+def cost_ratio(costs: "StepCosts | None", rows: int, tokens: int) -> tuple[float, str]:
+    """Seconds of a step of `rows` rows of `tokens` tokens over a decode step of `rows` rows, and
+    where the figure came from ("measured", "fitted", "prior")."""
+    rows = max(1, rows)
+    if tokens <= 1:
+        return 1.0, "measured"
+    if costs is not None:
+        base, more = costs.seconds(rows, 1), costs.seconds(rows, tokens)
+        if base and more:
+            return max(1.0, more / base), "measured"
+        fit = _line_fit(costs.step_seconds())
+        if fit is not None:
+            fixed, per_token = fit
+            return (fixed + per_token * rows * tokens) / (fixed + per_token * rows), "fitted"
+    q = TOKEN_COST_PRIOR
+    return (1.0 + q * rows * tokens) / (1.0 + q * rows), "prior"
+
+
+@dataclass(frozen=True)
+class LengthChoice:
+    """One step's decision and the figures it rested on."""
+
+    k: int
+    budget_k: int  # the longest proposal the step budget allowed
+    alpha: float
+    rows: int
+    value: float  # expected tokens per unit cost of the chosen k (1.0 for k = 0)
+    cost_from: str
+
+
+def choose_length(
+    costs: "StepCosts | None",
+    rows: int,
+    alpha: float,
+    room: int,
+    *,
+    margin: float = 1.05,
+    max_step_ratio: float = 1.5,
+) -> LengthChoice:
+    """The k in [0, room] with the most expected tokens per unit step cost; 0 unless some k beats
+    a plain step by `margin`, and, beside other rows, none whose step costs more than
+    `max_step_ratio` decode steps (a request alone slows no one but itself: the value rule only)."""
+    candidates = sorted({k for k in CANDIDATES if k <= room} | ({room} if 0 < room < CANDIDATES[-1] else set()))
+    best = LengthChoice(0, 0, alpha, rows, 1.0, "measured")
+    budget_k = 0
+    limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
+    for k in candidates:
+        ratio, source = cost_ratio(costs, rows, 1 + k)
+        if ratio > limit:
+            break  # costs grow with k: longer ones are over the budget too
+        budget_k = k
+        value = expected_tokens(alpha, k) / ratio
+        if value >= margin and value > best.value:
+            best = LengthChoice(k, 0, alpha, rows, value, source)
+    return LengthChoice(best.k, budget_k, alpha, rows, best.value, best.cost_from)
+
+
+class LengthController:
+    """Per request: an acceptance rate per kind of proposal, the length decision of each step, and
+    what was proposed and accepted by source and phase (the request's `auto` metrics)."""
+
+    def __init__(self, priors: dict[str, float], *, margin: float = 1.05, max_step_ratio: float = 1.5) -> None:
+        self.rates = {kind: AcceptanceRate(prior) for kind, prior in priors.items()}
+        self.margin = margin
+        self.max_step_ratio = max_step_ratio
+        self.k_counts: Counter[int] = Counter()
+        self.proposed: Counter[str] = Counter()  # "phase/source" -> tokens
+        self.accepted: Counter[str] = Counter()
+        self.last: LengthChoice | None = None
+
+    def choose(self, kind: str, costs: "StepCosts | None", rows: int, room: int) -> int:
+        """This step's proposal length for a proposal of `kind`, at most `room`."""
+        rate = self.rates[kind]
+        choice = choose_length(costs, rows, rate.value, room, margin=self.margin, max_step_ratio=self.max_step_ratio)
+        self.last = choice
+        self.k_counts[choice.k] += 1
+        if choice.k == 0:
+            rate.idle()
+        return choice.k
+
+    def record(self, kind: str, phase: str, source: str, proposed: int, accepted: int) -> None:
+        """A verified proposal: moves the acceptance rate of `kind`, counts it under phase/source."""
+        if proposed <= 0:
+            return
+        self.rates[kind].observe(proposed, accepted)
+        key = f"{phase}/{source}"
+        self.proposed[key] += proposed
+        self.accepted[key] += accepted
+
+    def report(self) -> dict:
+        last = self.last
+        return {
+            "k_chosen": {str(k): n for k, n in sorted(self.k_counts.items())},
+            "proposed_tokens": dict(self.proposed),
+            "accepted_tokens": dict(self.accepted),
+            "acceptance_rate": {kind: round(rate.value, 3) for kind, rate in self.rates.items()},
+            "last_choice": None
+            if last is None
+            else {"k": last.k, "budget_k": last.budget_k, "rows": last.rows, "cost_from": last.cost_from},
+        }

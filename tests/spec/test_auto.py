@@ -1,0 +1,332 @@
+"""`method: auto` is exact everywhere and decides what its docstring says.
+
+Exactness: greedy outputs token-identical to plain decoding on tiny dense, bigram (drafts and
+copies get accepted), hybrid linear-attention and sliding-window models, thinking or not, four
+requests in one batch, under a grammar, with penalties, with n > 1; sampled outputs follow
+plain sampling's distribution (chi-square). Decisions: the proposal length from measured step
+costs (`StepCosts` fed known timings) and acceptance, the path per request, the draft gate and
+convergence on auto's SSR settings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+from selfspec.engine.config import EngineConfig
+from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.step_costs import StepCosts
+from selfspec.llm import LLM
+from selfspec.spec.auto import AutoConfig
+from selfspec.spec.base import MethodContext
+from selfspec.spec.proposal_length import AcceptanceRate, LengthController, choose_length, expected_tokens
+from selfspec.spec.ssr_core import Draft, DraftSchedule
+from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
+from selfspec.thinking.format import ThinkingFormat
+from selfspec.thinking.policy import ThinkingLimits
+
+PROMPTS = ["What is 12 + 30?", "Write a counter class", "Route from A to B", "def add(a, b):"]
+SPEC = AutoConfig(draft_interval=12, min_answer_tokens=8)  # small enough for tiny CoTs to draft
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def _llm(model, tok, slots: int = 16) -> LLM:
+    return LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=slots, max_len=384))
+
+
+def _bigram_hybrid(tok):
+    model = tiny_model("qwen3_5", len(tok), seed=5, num_layers=2, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name in ("self_attn", "linear_attn"):
+                mixer = getattr(layer, name, None)
+                if mixer is not None:
+                    (mixer.o_proj if hasattr(mixer, "o_proj") else mixer.out_proj).weight.zero_()
+    return model
+
+
+MODELS = {
+    "dense": lambda tok: tiny_model("qwen3", len(tok), seed=3, eos_token_id=tok.eos_token_id),
+    "bigram": lambda tok: bigram_model(len(tok), eos_token_id=tok.eos_token_id),
+    "hybrid": lambda tok: tiny_model("qwen3_5", len(tok), seed=3, num_layers=4, eos_token_id=tok.eos_token_id),
+    "hybrid-bigram": _bigram_hybrid,
+    "gemma3-sliding": lambda tok: tiny_model("gemma3", len(tok), seed=3, eos_token_id=tok.eos_token_id),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def family(request, tok):
+    return request.param, _llm(MODELS[request.param](tok), tok)
+
+
+@pytest.fixture(scope="module")
+def bigram_llm(tok):
+    return _llm(MODELS["bigram"](tok), tok)
+
+
+# ---------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
+def test_auto_is_token_identical_to_plain_greedy(family, thinking):
+    name, llm = family
+    limits = ThinkingLimits(cot_cap=60, answer_cap=40)
+    params = SamplingParams(max_tokens=200)
+    base = llm.generate(PROMPTS, params, limits=limits, thinking=thinking, spec=None)
+    out = llm.generate(PROMPTS, params, limits=limits, thinking=thinking, spec=SPEC)  # four in one batch
+    for i, (o, b) in enumerate(zip(out, base)):
+        assert o.token_ids == b.token_ids, f"{name}, prompt {i}: auto differs from plain decoding"
+        assert o.finish_reason == b.finish_reason
+        assert o.metrics["auto"]["path"] == ("ssr" if thinking else "lookup")
+    if name.endswith("bigram"):
+        # The bigram models repeat themselves: copies (and with thinking, drafts) are accepted.
+        assert sum(o.metrics["accepted_tokens"] for o in out) > 0
+        assert sum(o.metrics["forwards"] for o in out) < sum(b.metrics["forwards"] for b in base)
+        if thinking:
+            assert sum(o.metrics["drafts"] for o in out) > 0
+    assert llm.engine.scheduler.slots.num_used == 0, "slots leaked"
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
+def test_auto_under_a_grammar(bigram_llm, thinking):
+    grammar = bigram_llm.grammars.regex(r"[0-9]{3}-(yes|no)")
+    limits = ThinkingLimits(cot_cap=30) if thinking else None
+
+    def run(spec):
+        seqs = [
+            bigram_llm.submit(
+                p, SamplingParams(max_tokens=80), spec=spec, thinking=thinking, limits=limits, grammar=grammar
+            )
+            for p in PROMPTS
+        ]
+        bigram_llm.run_until_done(seqs)
+        return [bigram_llm.result(s) for s in seqs]
+
+    base, out = run(None), run(SPEC)
+    assert [o.token_ids for o in out] == [b.token_ids for b in base]
+    assert all(o.finish_reason != "error" for o in out)
+
+
+def test_auto_with_penalties(bigram_llm):
+    params = SamplingParams(max_tokens=60, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.2)
+    limits = ThinkingLimits(cot_cap=40, answer_cap=30)
+    for thinking in (True, False):
+        base = bigram_llm.generate(PROMPTS, params, limits=limits, thinking=thinking, spec=None)
+        out = bigram_llm.generate(PROMPTS, params, limits=limits, thinking=thinking, spec=SPEC)
+        assert [o.token_ids for o in out] == [b.token_ids for b in base], f"thinking={thinking}"
+
+
+def test_auto_with_n_samples(bigram_llm):
+    limits = ThinkingLimits(cot_cap=40, answer_cap=30)
+
+    def run(spec):
+        seq = bigram_llm.submit(
+            PROMPTS[1], SamplingParams(max_tokens=100, n=3), spec=spec, limits=limits, thinking=True
+        )
+        bigram_llm.run_until_done([seq])
+        return [bigram_llm.result(s) for s in (seq, *seq.siblings)]
+
+    base, out = run(None), run(SPEC)
+    assert len(out) == 3
+    assert [o.token_ids for o in out] == [b.token_ids for b in base]
+    assert all(o.metrics["auto"]["path"] == "ssr" for o in out)
+
+
+# ---------------------------------------------------------------------------------- sampling
+VOCAB = 6
+CLOSE = 5
+PROMPT = [1, 2, 3, 1]
+COT = 4
+ANSWER = 2
+N = 6000
+
+
+def _toy_format() -> ThinkingFormat:
+    return ThinkingFormat(
+        kind="native",
+        start_marker="<t>",
+        end_marker="</t>",
+        start_ids=(4,),
+        end_ids=(CLOSE,),
+        close_ids=(CLOSE,),
+        end_variants=((CLOSE,),),
+        template_opens_thinking=False,
+        template_takes_enable_thinking=False,
+    )
+
+
+def _sample_outputs(model, spec, seed0: int) -> tuple[np.ndarray, int]:
+    llm = LLM.from_model(
+        model, None, engine_config=EngineConfig(num_slots=256, max_len=32), thinking_format=_toy_format()
+    )
+    outputs, verified = [], 0
+    for start in range(0, N, 200):
+        seqs = [
+            llm.submit(
+                PROMPT,
+                SamplingParams(max_tokens=16, temperature=1.0, seed=seed0 + start + i),
+                spec=spec,
+                limits=ThinkingLimits(cot_cap=COT, answer_cap=ANSWER, fixed_length=True),
+                thinking=True,
+            )
+            for i in range(200)
+        ]
+        llm.run_until_done(seqs)
+        for s in seqs:
+            outputs.append(s.output_ids[: COT + 1 + ANSWER])
+            verified += s.stats.verify_steps
+    return np.array(outputs), verified
+
+
+def test_auto_sampling_matches_plain_sampling():
+    """Every output position of auto's samples follows plain sampling's distribution."""
+    model = tiny_model("llama", VOCAB, seed=11, num_layers=1, hidden=32, initializer_range=0.15)
+    spec = AutoConfig(draft_interval=1, min_answer_tokens=0, acceptance_prior=0.9, margin=1.0, max_step_ratio=64)
+    plain, _ = _sample_outputs(model, None, seed0=10**6)
+    auto, verified = _sample_outputs(model, spec, seed0=0)
+    assert verified > N // 10, "auto hardly ever proposed: sampling verification was not exercised"
+    for pos in range(plain.shape[1]):
+        table = np.array([np.bincount(plain[:, pos], minlength=VOCAB), np.bincount(auto[:, pos], minlength=VOCAB)])
+        table = table[:, table.sum(axis=0) >= 20]
+        if table.shape[1] < 2:
+            continue
+        p = chi2_contingency(table)[1]
+        assert p > 0.01, f"position {pos}: p={p:.4g}"
+
+
+# ---------------------------------------------------------------------------------- decisions
+def _costs(step_seconds) -> StepCosts:
+    """StepCosts that measured `step_seconds(rows, tokens)` for the shapes the tests ask about."""
+    costs = StepCosts()
+    for rows in (1, 2, 16, 17, 128, 129):
+        for tokens in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65):
+            for _ in range(4):
+                costs.observe([tokens] * rows, step_seconds(rows, tokens))
+    return costs
+
+
+def _gpu(rows: int, tokens: int) -> float:
+    """Memory-bound up to 64 fed tokens per forward (2 ms), compute-bound beyond."""
+    return max(0.002, 0.002 * rows * tokens / 64)
+
+
+def _cpu(rows: int, tokens: int) -> float:
+    """Every fed token costs a third of a forward's fixed part."""
+    return 0.01 + 0.003 * rows * tokens
+
+
+def test_batch_fill_shrinks_the_proposal_to_nothing():
+    costs = _costs(_gpu)
+    alone = choose_length(costs, rows=1, alpha=0.9, room=64)
+    busy = choose_length(costs, rows=16, alpha=0.9, room=64)
+    full = choose_length(costs, rows=128, alpha=0.9, room=64)
+    assert alone.k >= 32, alone
+    assert 0 < busy.k < alone.k, busy
+    assert full.k == 0 and full.budget_k == 0, full
+    assert alone.cost_from == "measured"
+
+
+def test_low_acceptance_shrinks_the_proposal():
+    costs = _costs(_cpu)
+    high = choose_length(costs, rows=1, alpha=0.95, room=64)
+    mid = choose_length(costs, rows=1, alpha=0.6, room=64)
+    low = choose_length(costs, rows=1, alpha=0.1, room=64)
+    assert high.k > mid.k > 0, (high, mid)
+    assert low.k == 0, low
+    rate = AcceptanceRate(prior=0.6)
+    for _ in range(6):
+        rate.observe(proposed=8, accepted=0)
+    assert rate.value < 0.2
+    controller = LengthController({"answer": 0.6})
+    for _ in range(6):
+        controller.record("answer", "answer", "lookup", 8, 0)
+    assert controller.choose("answer", costs, 1, 64) == 0
+    assert controller.report()["k_chosen"] == {"0": 1}
+    # Idle steps pull the rate back toward the prior: the source is tried again later.
+    for _ in range(200):
+        controller.choose("answer", costs, 1, 64)
+    assert controller.choose("answer", costs, 1, 64) > 0
+
+
+def test_unmeasured_costs_fall_back_to_a_fitted_line_then_the_prior():
+    prior = choose_length(None, rows=1, alpha=0.8, room=64)
+    assert prior.k > 0 and prior.cost_from == "prior"
+    costs = StepCosts()
+    for rows in (1, 2, 3):
+        for _ in range(4):
+            costs.observe([1] * rows, _cpu(rows, 1))
+    fitted = choose_length(costs, rows=1, alpha=0.8, room=64)
+    assert fitted.cost_from == "fitted"
+    assert fitted.k == choose_length(_costs(_cpu), rows=1, alpha=0.8, room=64).k
+    assert expected_tokens(0.5, 0) == 1.0 and expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def _ctx(thinking: bool, max_tokens: int = 1000, answer_cap: int | None = None) -> MethodContext:
+    return MethodContext(
+        thinking_format=_toy_format(),
+        limits=ThinkingLimits(answer_cap=answer_cap),
+        thinking=thinking,
+        params=SamplingParams(max_tokens=max_tokens),
+        device=torch.device("cpu"),
+    )
+
+
+def test_the_path_per_request():
+    auto = AutoConfig()
+    assert auto.choose_path(_ctx(thinking=True)) == ("ssr", None)
+    assert auto.choose_path(_ctx(thinking=False)) == ("lookup", None)
+    path, why = auto.choose_path(_ctx(thinking=True, answer_cap=20))
+    assert path == "lookup" and "20 tokens" in why
+    assert auto.choose_path(_ctx(thinking=True, max_tokens=16))[0] == "lookup"
+    ssr = auto.ssr_config()
+    assert ssr.gate == "cost" and ssr.speculate_thinking and ssr.thinking_speculator == "ngram"
+    assert ssr.converge_tokens == auto.converge_tokens and ssr.draft_interval == auto.draft_interval
+
+
+class _Backend:
+    """A `DraftBackend` whose drafts write `answer` at once and whose step costs are given."""
+
+    def __init__(self, answer: list[int], measured=None) -> None:
+        self.answer, self.measured, self.forked = answer, measured, 0
+
+    def fork_draft(self, draft: Draft, earlier):
+        draft.tokens = list(self.answer)
+        self.forked += 1
+        return object()
+
+    def cancel_draft(self, draft, reason):
+        pass
+
+    def draft_running(self, draft):
+        return False
+
+    def step_costs(self):
+        return self.measured
+
+
+def test_converged_drafts_stop_forking():
+    config = AutoConfig(draft_interval=10, converge_tokens=4).ssr_config()
+    schedule = DraftSchedule(config, cot_cap=200, thinking=True)
+    backend = _Backend([7, 8, 9, 10, 11])
+    for cot in range(1, 200):
+        schedule.on_cot(cot, [CLOSE], backend)
+    assert backend.forked == 2, "a third draft was forked after two agreed"
+    assert schedule.converged_at == 30
+
+
+def test_a_full_batch_stops_forking():
+    """Where a row costs ~5-10% of a step, a draft pays alone, not beside 16 rows."""
+    costs = _costs(lambda rows, tokens: 0.01 * (1 + 0.1 * (rows - 1)) + 0.0005 * rows * tokens)
+    config = AutoConfig(draft_interval=10).ssr_config()
+    alone = DraftSchedule(config, cot_cap=100, thinking=True)
+    busy = DraftSchedule(config, cot_cap=100, thinking=True)
+    alone.on_cot(10, [CLOSE], _Backend([1, 2], (costs, 1)))
+    busy_backend = _Backend([1, 2], (costs, 16))
+    busy.on_cot(10, [CLOSE], busy_backend)
+    assert [v["action"] for v in alone.gate.report()] == ["fork"]
+    assert [v["action"] for v in busy.gate.report()] == ["skip"]
+    assert busy_backend.forked == 0
