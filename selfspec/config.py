@@ -42,10 +42,13 @@ BaselineSpecConfig = Annotated[
         Annotated[SuffixDecodingConfig, Tag("suffix")],
         Annotated[PromptLookupConfig, Tag("ngram")],
         Annotated[DraftModelConfig, Tag("draft")],
+        Annotated[AutoConfig, Tag("auto")],
+        Annotated[OffConfig, Tag("off")],
     ],
     Discriminator(_baseline_method),
 ]
-"""The lossless peers SSR is compared with (suffix decoding, prompt lookup, draft model)."""
+"""The lossless peers SSR is compared with (suffix decoding, prompt lookup, draft model), auto
+(the default policy) and off (plain decoding): what the server's `speculation` field takes."""
 
 _spec_adapter: TypeAdapter = TypeAdapter(SpecConfig)
 _baseline_adapter: TypeAdapter = TypeAdapter(BaselineSpecConfig)

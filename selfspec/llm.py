@@ -4,7 +4,9 @@
 that the CLI, the server and the benchmarks share. A `spec` (one of `selfspec.config.SpecConfig`:
 SSR, suffix decoding, prompt lookup, draft model, CoSpec; or a dict with a `method` key) only
 chooses the policy each request's sequence carries; the engine and the outputs' shape are the
-same in every mode, which is what makes side-by-side ratios honest.
+same in every mode, which is what makes side-by-side ratios honest. A request that names no
+`spec` runs "auto" (`selfspec.spec.auto`: SSR on thinking requests, prompt lookup elsewhere, as
+the measured costs pay); `spec="off"` or `spec=None` decodes plainly.
 """
 
 from __future__ import annotations
@@ -220,12 +222,12 @@ class LLM:
     # ------------------------------------------------------------------ generation
     def make_policy(
         self,
-        spec: MethodConfig | dict | None,
+        spec: MethodConfig | dict | str | None,
         limits: ThinkingLimits | None,
         thinking: bool,
         params: SamplingParams | None = None,
     ) -> SequencePolicy:
-        """The per-request policy: a speculation config builds its own, else plain thinking rules."""
+        """The per-request policy: a speculation config builds its own, else (None) plain thinking rules."""
         if spec is None:
             return ThinkingPolicy(self.thinking_format, limits, thinking=thinking)
         context = MethodContext(
@@ -245,7 +247,7 @@ class LLM:
         prompt: Prompt,
         params: SamplingParams | None = None,
         *,
-        spec: MethodConfig | dict | None = None,
+        spec: MethodConfig | dict | str | None = "auto",
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
         request_id: str | None = None,
@@ -283,7 +285,7 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         *,
-        spec: MethodConfig | dict | None = None,
+        spec: MethodConfig | dict | str | None = "auto",
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
         progress: bool = False,
@@ -326,7 +328,7 @@ class LLM:
         prompt: Prompt,
         params: SamplingParams | None = None,
         *,
-        spec: MethodConfig | dict | None = None,
+        spec: MethodConfig | dict | str | None = "auto",
         limits: ThinkingLimits | None = None,
         thinking: bool | None = None,
     ) -> Iterator[list[int]]:

@@ -60,7 +60,7 @@ def run(config_name: str, samples, settings: BenchSettings, max_len: int) -> lis
     llm = LLM("smollm2", device="cpu", dtype="bfloat16", engine_config=engine_config(config_name, max_len))
     rows = []
     for sample in samples:
-        (base,) = llm.generate([sample.messages], _params(settings), limits=_limits(settings), thinking=True)
+        (base,) = llm.generate([sample.messages], _params(settings), limits=_limits(settings), thinking=True, spec=None)
         for mode in MODES:
             (r,) = llm.generate(
                 [sample.messages],

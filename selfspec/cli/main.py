@@ -68,6 +68,10 @@ def save_tokenizer(
     console.print(f"saved the tokenizer of {loaded.name} ({len(loaded.tokenizer):,} tokens) to {out_dir}")
 
 
+GENERATE_SPECULATION = ("auto", "off", "ngram", "suffix", "ssr")
+"""`selfspec generate --speculation` values."""
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The user message (wrapped in the model's chat template)."),
@@ -121,6 +125,11 @@ def generate(
         False, "--suffix-decoding", help="Suffix decoding over prompt + output (no SSR)."
     ),
     prompt_lookup: bool = typer.Option(False, "--prompt-lookup", help="n-gram prompt lookup (no SSR)."),
+    speculation: str = typer.Option(
+        "auto",
+        help="auto (SSR with prompt lookup when the model thinks, prompt lookup otherwise, as this machine's "
+        "measured costs pay) | off (plain decoding) | ngram | suffix | ssr (with the --ssr settings).",
+    ),
 ) -> None:
     """Generate a reply, streaming tokens to the terminal, then print timings (and speculation figures)."""
     from pydantic import ValidationError
@@ -132,13 +141,15 @@ def generate(
     from selfspec.thinking.policy import ThinkingLimits
 
     spec = None
+    if speculation not in GENERATE_SPECULATION:
+        _fail(f"--speculation must be one of {', '.join(GENERATE_SPECULATION)}, got {speculation!r}")
     try:
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed
         )
         limits = ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap)
         limits.validate()
-        if ssr:
+        if ssr or speculation == "ssr":
             from selfspec.spec.ssr import SSRConfig
 
             sources = ["draft", "prompt", "output"] if speculate_thinking else ["draft"]
@@ -157,6 +168,10 @@ def generate(
             from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 
             spec = PromptLookupConfig() if prompt_lookup else SuffixDecodingConfig()
+        else:
+            from selfspec.config import parse_spec
+
+            spec = parse_spec(speculation)
     except (InvalidSamplingParams, ValueError, ValidationError) as exc:
         _fail(str(exc))
     device, dtype = resolve_device_dtype(device, dtype)
@@ -187,7 +202,7 @@ def generate(
     if result.metrics.get("cot_tokens"):
         summary += f", CoT {result.metrics['cot_tokens']} tokens, answer {result.metrics['answer_tokens']} tokens"
     err.print(f"[dim]{summary}[/]")
-    if spec is not None:
+    if spec is not None and spec.method != "off":
         keys = (
             "drafts",
             "draft_tokens",
@@ -209,6 +224,10 @@ def generate(
             )
             + "[/]"
         )
+        auto = result.metrics.get("auto")
+        if auto is not None:
+            why = f" ({auto['fallback']})" if auto["fallback"] else ""
+            err.print(f"[dim]auto: the {auto['path']} path{why}, proposal lengths {auto['k_chosen']}[/]")
         for verdict in result.metrics.get("draft_gate", []):
             err.print(
                 f"[dim]draft gate at CoT token {verdict['cot_tokens']}: {verdict['action']} ({verdict['reason']})[/]"

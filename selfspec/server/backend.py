@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from selfspec.llm import GenerationResult
     from selfspec.server.engine_loop import EngineJob
 
-ALL_MODES = frozenset({"plain", "ssr", "suffix", "ngram", "draft", "cospec"})
+ALL_MODES = frozenset({"plain", "auto", "ssr", "suffix", "ngram", "draft", "cospec"})
 
 
 @dataclass(frozen=True)

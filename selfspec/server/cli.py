@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # imported lazily: `selfspec --help` should not pay for torch
 
 TINY_MODEL = "tiny"
 _REUSE_MODES = ("off", "prefix", "suffix", "prefix+suffix")
-_SPECULATION_METHODS = ("suffix", "ngram")
+_SPECULATION_METHODS = ("auto", "off", "suffix", "ngram")
 BACKENDS = ("selfspec", "vllm")
 
 
@@ -120,7 +120,7 @@ def check_backend_flags(
     given = [
         flag
         for flag, value in (("--draft", draft), ("--arbitrator", arbitrator), ("--speculation", speculation))
-        if value
+        if value and value != "off"
     ]
     if given:
         raise ValueError(f"{', '.join(given)}: not supported with --backend vllm (it serves plain decoding and SSR)")
@@ -203,11 +203,14 @@ def build_defaults(
     think: bool | None = None,
     temperature: float = 0.0,
     max_tokens: int | None = None,
+    backend: str = "selfspec",
 ) -> RequestDefaults:
-    """Request defaults from CLI values; raises ValueError naming the flag at fault."""
+    """Request defaults from CLI values; raises ValueError naming the flag at fault. Without
+    `--ssr` or `--speculation`, requests run auto (`selfspec.spec.auto`); the vLLM backend has no
+    auto and serves them plainly."""
     from pydantic import ValidationError
 
-    from selfspec.config import parse_baseline_spec
+    from selfspec.config import AutoConfig, parse_baseline_spec
     from selfspec.engine.sampling import InvalidSamplingParams, SamplingParams
     from selfspec.server.config import RequestDefaults
     from selfspec.spec.ssr import SSRConfig
@@ -244,9 +247,14 @@ def build_defaults(
         SamplingParams(temperature=temperature).validate()
     except InvalidSamplingParams as exc:
         raise ValueError(f"--temperature {temperature}: {exc}") from None
+    default_spec = None
+    if not ssr and speculation in (None, "auto"):
+        default_spec = AutoConfig() if backend != "vllm" else None
+    elif not ssr and speculation != "off":
+        default_spec = parse_baseline_spec({"method": speculation})
     return RequestDefaults(
         ssr=ssr_config,
-        speculation=parse_baseline_spec({"method": speculation}) if speculation else None,
+        speculation=default_spec,
         thinking=think,
         cot_cap=cot_cap,
         answer_cap=answer_cap,
@@ -358,7 +366,10 @@ def serve_command(
         "prefix+suffix", help="SSR default: how drafts are used: off | prefix | suffix | prefix+suffix."
     ),
     speculation: Optional[str] = typer.Option(
-        None, help="Default speculation without SSR: suffix (suffix decoding) or ngram (prompt lookup)."
+        None,
+        help="Default speculation without SSR: auto (the default: SSR with prompt lookup on thinking requests, "
+        "prompt lookup elsewhere, as measured costs pay), off (plain decoding), suffix (suffix decoding) or ngram "
+        "(prompt lookup).",
     ),
     cot_cap: Optional[int] = typer.Option(None, help="Default: close thinking by force after this many CoT tokens."),
     answer_cap: Optional[int] = typer.Option(
@@ -430,6 +441,7 @@ def serve_command(
             think=think,
             temperature=temperature,
             max_tokens=default_max_tokens,
+            backend=backend,
         )
         check_cospec_flags(arbitrator, cospec_threshold, cospec_k)
         chat = check_chat_flags(chat_template, tool_call_parser, reasoning_parser)

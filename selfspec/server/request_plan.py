@@ -43,7 +43,7 @@ class RequestPlan:
     spec: Spec
     limits: ThinkingLimits | None
     thinking: bool | None
-    mode: str  # "plain" | "ssr" | "suffix" | "ngram" | "draft" | "cospec" (the one lossy mode)
+    mode: str  # "plain" | "auto" | "ssr" | "suffix" | "ngram" | "draft" | "cospec" (the one lossy mode)
     timeout_s: float
     rules: OutputRules = field(default_factory=OutputRules)  # grammar and tool-call parser
 
@@ -124,7 +124,7 @@ def resolve_spec(options: SelfspecOptions, defaults: RequestDefaults) -> tuple[S
         spec = chosen.get("ssr") or chosen.get("speculation")
     else:
         spec = defaults.ssr or defaults.speculation
-    if spec is None:
+    if spec is None or spec.method == "off":
         return None, "plain"
     return spec, spec.method
 

@@ -43,6 +43,8 @@ def build_usage(finished: Finished, prompt_tokens: int, mode: str) -> dict[str, 
             "total_s": finished.total_s,
         },
     }
+    if mode == "auto":
+        usage["selfspec"]["auto"] = m.get("auto")  # the path taken, proposal lengths, tokens by source
     if mode == "cospec":
         usage["selfspec"].update(
             cospec_threshold=m.get("cospec_threshold"),

@@ -330,3 +330,40 @@ def test_a_full_batch_stops_forking():
     assert [v["action"] for v in alone.gate.report()] == ["fork"]
     assert [v["action"] for v in busy.gate.report()] == ["skip"]
     assert busy_backend.forked == 0
+
+
+# ---------------------------------------------------------------------------------- the default
+def test_auto_is_the_default_and_off_turns_it_off(bigram_llm):
+    limits = ThinkingLimits(cot_cap=30, answer_cap=20)
+    params = SamplingParams(max_tokens=80)
+    (default,) = bigram_llm.generate(PROMPTS[0], params, limits=limits, thinking=False)
+    (off,) = bigram_llm.generate(PROMPTS[0], params, limits=limits, thinking=False, spec="off")
+    (none,) = bigram_llm.generate(PROMPTS[0], params, limits=limits, thinking=False, spec=None)
+    (named,) = bigram_llm.generate(PROMPTS[0], params, limits=limits, thinking=False, spec={"method": "off"})
+    assert default.metrics["auto"]["path"] == "lookup"
+    assert default.metrics["accepted_tokens"] > 0
+    for plain in (off, none, named):
+        assert "auto" not in plain.metrics and plain.metrics["proposed_tokens"] == 0
+        assert plain.token_ids == default.token_ids
+    streamed = [t for ids in bigram_llm.stream(PROMPTS[0], params, limits=limits, thinking=False) for t in ids]
+    assert streamed == default.token_ids
+
+
+def test_serve_defaults_to_auto_and_speculation_off_is_plain():
+    from selfspec.config import AutoConfig as Auto
+    from selfspec.server.cli import build_defaults
+    from selfspec.server.config import RequestDefaults
+    from selfspec.server.request_plan import resolve_spec
+    from selfspec.server.schemas import SelfspecOptions
+
+    defaults = build_defaults()
+    assert isinstance(defaults.speculation, Auto)
+    assert build_defaults(backend="vllm").speculation is None  # vLLM has no auto: plain
+    assert build_defaults(speculation="off").speculation is None
+    assert build_defaults(ssr=True).speculation is None
+    assert resolve_spec(SelfspecOptions(), defaults)[1] == "auto"
+    assert resolve_spec(SelfspecOptions(speculation={"method": "off"}), defaults) == (None, "plain")
+    assert resolve_spec(SelfspecOptions(speculation=False), defaults) == (None, "plain")
+    assert resolve_spec(SelfspecOptions(speculation={"method": "ngram"}), defaults)[1] == "ngram"
+    assert resolve_spec(SelfspecOptions(speculation={"method": "auto"}), RequestDefaults())[1] == "auto"
+    assert resolve_spec(SelfspecOptions(), RequestDefaults()) == (None, "plain")

@@ -345,7 +345,7 @@ def check_sps(device: str) -> None:
     llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=4, max_len=512), draft="layers:1")
     prompts = ["def add(a, b):", "Write a counter class", "hello"]
     params = SamplingParams(max_tokens=80, ignore_eos=True)
-    base = llm.generate(prompts, params)
+    base = llm.generate(prompts, params, spec=None)
     sps = llm.generate(prompts, params, spec=DraftModelConfig())
     same = [a.token_ids == b.token_ids for a, b in zip(base, sps)]
     report(

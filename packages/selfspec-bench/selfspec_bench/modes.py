@@ -99,7 +99,8 @@ PAPER_ANSWER_CAPS = {"humaneval": 1500, "classeval": 4000, "longproc": 2000}
 
 
 def spec_for(mode: str, s: BenchSettings):
-    """The `spec` object `LLM.generate` takes for an engine mode (None for the baseline)."""
+    """The `spec` object `LLM.generate` takes for an engine mode (None for the baseline: plain
+    decoding, passed explicitly, since a call that names no spec runs auto)."""
     ssr = dict(
         max_draft_len=s.max_draft_len,
         suffix=s.suffix,

@@ -54,7 +54,7 @@ def decode_and_score(llm: Any, task: EvalTask, label: str, max_tokens: int) -> l
     """Every item of `task` decoded greedily in one batch by `llm`, then scored by the task's checker."""
     started = time.perf_counter()
     outputs = llm.generate(
-        [item.messages for item in task.items], SamplingParams(max_tokens=max_tokens), thinking=task.thinking
+        [item.messages for item in task.items], SamplingParams(max_tokens=max_tokens), thinking=task.thinking, spec=None
     )
     elapsed = time.perf_counter() - started
     thinking = bool(task.thinking)

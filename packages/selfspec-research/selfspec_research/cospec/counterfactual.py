@@ -100,7 +100,7 @@ def _continue(llm: Any, prompts: list[list[int]], budgets: list[int]) -> list[li
     todo = [i for i, b in enumerate(budgets) if b > 0]
     if todo:
         params = [SamplingParams(max_tokens=budgets[i]) for i in todo]
-        results = llm.generate([prompts[i] for i in todo], params, thinking=False)
+        results = llm.generate([prompts[i] for i in todo], params, thinking=False, spec=None)
         for i, result in zip(todo, results):
             out[i] = list(result.token_ids)
     return out

@@ -122,7 +122,7 @@ def run_eval(
     limits = ThinkingLimits(cot_cap=config.cot_cap, answer_cap=config.answer_cap)
     params = SamplingParams(max_tokens=config.cot_cap + config.answer_cap + len(fmt.close_ids) + 8, temperature=0.0)
     prompts = [format_training_text(item)[0] for item in items]
-    outputs = llm.generate(prompts, params, limits=limits, thinking=True, progress=progress)
+    outputs = llm.generate(prompts, params, limits=limits, thinking=True, progress=progress, spec=None)
     generate_seconds = time.perf_counter() - started
     verdicts = check_many(items, [out.answer_text or "" for out in outputs])
 
@@ -215,7 +215,7 @@ def _convergence(
     if not jobs:
         return []
     params = SamplingParams(max_tokens=config.draft_cap, temperature=0.0)
-    outputs = llm.generate(contexts, params, thinking=False, progress=progress)
+    outputs = llm.generate(contexts, params, thinking=False, progress=progress, spec=None)
     verdicts = check_many([run.item for run, _, _ in jobs], [out.text for out in outputs])
     rows = []
     for (run, point, cut), out, verdict in zip(jobs, outputs, verdicts):
