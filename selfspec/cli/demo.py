@@ -1,9 +1,10 @@
-"""`selfspec demo`: SSR against the plain baseline on one prompt, side by side.
+"""`selfspec demo`: SSR and auto (the default speculation) against the plain baseline on one prompt.
 
 Shows what a user cares about: the answer (identical in both runs), both latencies, the time
 to the first answer token, how much of the answer came from the draft (accepted prefix,
 suffix-accepted tokens, answer tokens per forward), what the draft gate decided from this
-machine's measured step costs, and what the same comparison gave on an H200.
+machine's measured step costs, what auto chose on this machine (its path and proposal lengths,
+with its own ratio and first-answer-token time), and what the same comparison gave on an H200.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.table import Table
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
+from selfspec.spec.auto import AutoConfig
 from selfspec.spec.ssr import SSRConfig
 from selfspec.thinking.policy import ThinkingLimits
 
@@ -75,13 +77,21 @@ def run_demo(
     # SSR drafts nothing (or cancels the draft once measured) instead of making the request slower.
     spec = SSRConfig(draft_budgets=[draft_budget], max_draft_len=answer_cap, gate="cost")
     # Warm-up so first-call costs do not land on either side.
-    llm.generate(prompt, SamplingParams(max_tokens=8), thinking=True)
+    llm.generate(prompt, SamplingParams(max_tokens=8), thinking=True, spec="off")
     with console.status("baseline (plain greedy)..."):
         (base,) = llm.generate(
-            prompt, params, limits=ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap), thinking=True
+            prompt, params, limits=ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap), thinking=True, spec="off"
         )
     with console.status("SSR (draft from the partial CoT, verify, suffix-decode)..."):
         (ssr,) = llm.generate(prompt, params, limits=limits, spec=spec, thinking=True)
+    with console.status("auto (the default speculation: its choices from this machine's measured costs)..."):
+        (auto,) = llm.generate(
+            prompt,
+            params,
+            limits=ThinkingLimits(cot_cap=cot_cap, answer_cap=answer_cap),
+            spec=AutoConfig(),
+            thinking=True,
+        )
 
     console.print(Panel(_clip(prompt, 12), title="prompt", border_style="dim"))
     console.print(
@@ -114,6 +124,7 @@ def run_demo(
         f"identical output: [bold]{'yes' if same else 'NO'}[/]   latency ratio SSR/baseline: [bold]{ratio:.3f}[/]"
         f" (SSR {abs(1 - ratio):.1%} {'faster' if ratio <= 1 else 'slower'}){first}   (this machine, {device} {dtype})"
     )
+    console.print(_auto_line(base, auto))
     reference = demo_reference()
     if reference is not None:
         console.print(_reference_line(reference))
@@ -127,6 +138,19 @@ def _gate_line(verdicts: list[dict] | None) -> str:
     said = {"fork": "drafted", "probe": "drafted (costs not yet measured)", "keep": "kept the draft"}
     said |= {"skip": "did not draft", "cancel": "cancelled the draft"}
     return f"{said.get(last['action'], last['action'])} at CoT token {last['cot_tokens']}: {last['reason']}"
+
+
+def _auto_line(base, auto) -> str:
+    """Auto beside the baseline: identical output, its ratio, its first answer token, what it chose."""
+    same = "yes" if auto.token_ids == base.token_ids else "NO"
+    ratio = auto.timings.total / base.timings.total
+    first = _first_answer_line(base.timings.first_answer_token, auto.timings.first_answer_token)
+    chose = auto.metrics.get("auto") or {}
+    return (
+        f"auto (the default): identical output: [bold]{same}[/]   latency ratio auto/baseline: [bold]{ratio:.3f}[/]{first}"
+        f"   path {chose.get('path')}, drafts {auto.metrics.get('drafts', 0)}, "
+        f"accepted {auto.metrics.get('accepted_tokens', 0)} of {auto.metrics.get('proposed_tokens', 0)} proposed tokens"
+    )
 
 
 def _first_answer_line(base: float | None, ssr: float | None) -> str:

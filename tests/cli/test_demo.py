@@ -24,6 +24,7 @@ def test_demo_runs_baseline_and_ssr_with_identical_output(tmp_path):
     )
     text = " ".join(out.getvalue().split())
     assert "identical output: yes" in text and "latency ratio SSR/baseline" in text
+    assert "auto (the default): identical output: yes" in text and "latency ratio auto/baseline" in text
     assert "draft gate:" in text and "first answer token" in text
     assert "reproduce: selfspec bench --benchmark thinker/class_synthesis" in text
 
