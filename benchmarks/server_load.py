@@ -1,20 +1,25 @@
-"""Bounded load test of `selfspec serve` over loopback: streaming clients, then disconnects.
+"""Load benchmark of `selfspec serve` over loopback, modelled on vLLM's benchmark_serving.
 
-Starts the server as a subprocess on 127.0.0.1 (or uses --url, loopback only), then:
+For each server mode (`--modes off,auto`: one server per mode, started with `--speculation MODE`
+on 127.0.0.1, or `--url`, loopback only, for one running server) and each concurrency level
+(`--concurrency 1,4,16,64`):
 
-1. references: each distinct prompt once, non-streaming, greedy;
-2. load: `--clients` concurrent streaming clients send `--requests` requests in all
-   (a fixed count; the script stops by itself). Every response must end with a
-   finish_reason, a usage chunk and [DONE] (else *lost* or *truncated*), and its text
-   must equal the reference (greedy decoding is exact under batching);
-3. disconnects: `--disconnects` clients start long streams, read a few chunks, and hang
-   up; their slots must be freed (read from /metrics).
+1. references: each distinct prompt once, alone, non-streaming, greedy (once per server);
+2. a level: `c` clients in flight send max(2c, `--min-requests`) streamed requests (or, with
+   `--request-rate R`, requests arrive as a Poisson process of rate R, at most `c` in flight).
+   Every response must end with a finish_reason, a usage chunk and [DONE] (else lost or
+   truncated), and its text must equal the reference (greedy decoding is exact under
+   batching); afterwards no slot may stay held (read from /metrics);
+3. disconnects: `--disconnects` clients start long streams, read a few chunks and hang up;
+   their slots must be freed.
 
-Prints p50/p99 latency and time to first token, aggregate tokens/s, and the slot counts;
-exits non-zero if anything was lost, truncated, different, or left holding a slot.
+Per level: completed / errors / lost / truncated / different counts, duration, request and output
+token throughput, TTFT, ITL (per token), TPOT and end-to-end latency (mean, p50, p99). A line is
+printed per level as it finishes; `--out-dir` writes results.json, README.md and a plot. Exits
+non-zero if anything was lost, truncated, different, errored or left holding a slot.
 
-    python benchmarks/server_load.py --model tiny
-    python benchmarks/server_load.py --model smollm2 --requests 128 --max-tokens 32
+    python benchmarks/server_load.py --model tiny --concurrency 1,4,16,64 --out-dir /tmp/load
+    python benchmarks/server_load.py --model smollm2 --concurrency 1,4,16 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -22,402 +27,181 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import signal
-import socket
-import subprocess
+import random
 import sys
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
-import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Add 12 and 30, then explain the result.",
-    "Write a Python function that adds two numbers.",
-    "Name three colours of the rainbow.",
-    "What is 7 times 8?",
-    "Give a one-sentence summary of what a compiler does.",
-    "List the first five prime numbers.",
-    "Why is the sky blue? Answer briefly.",
-]
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-DISCONNECTED = {"reason": "client disconnected"}  # the label of requests aborted because their client hung up
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the server_load package beside this script
 
-
-@dataclass
-class StreamResult:
-    prompt_index: int
-    ok: bool = False
-    error: str = ""
-    text: str = ""
-    finish_reason: str | None = None
-    completion_tokens: int | None = None
-    saw_done: bool = False
-    started: float = 0.0
-    first_token: float | None = None
-    ended: float = 0.0
-    chunks: int = 0
-
-    @property
-    def latency(self) -> float:
-        return self.ended - self.started
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.started
+from server_load import output  # noqa: E402
+from server_load.clients import (  # noqa: E402
+    LOOPBACK,
+    PROMPTS,
+    StreamResult,
+    body,
+    disconnect_phase,
+    references,
+    slots_after,
+    start_server,
+    stop_server,
+    stream_one,
+)
+from server_load.stats import level_passed, summarize_level  # noqa: E402
 
 
-@dataclass
-class Report:
-    results: list[StreamResult] = field(default_factory=list)
-    wall_s: float = 0.0
+def requests_at(concurrency: int, args) -> int:
+    return max(2 * concurrency, args.min_requests)
 
 
-def p50_p99(values: list[float]) -> tuple[float, float]:
-    """The 50th and 99th percentiles, each an observed value (nearest rank); NaN when nothing completed."""
-    if not values:
-        return math.nan, math.nan
-    p50, p99 = np.percentile(values, [50, 99], method="nearest")
-    return float(p50), float(p99)
-
-
-def metric(text: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """The value of sample `name` with exactly `labels` in a /metrics page (Prometheus text format); 0 if absent."""
-    wanted = labels or {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == wanted:
-                return float(sample.value)
-    return 0.0
-
-
-def body(model: str, prompt: str, max_tokens: int, *, stream: bool, **extra) -> dict:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": stream,
-        "selfspec": {"thinking": False},
-        **({"stream_options": {"include_usage": True}} if stream else {}),
-        **extra,
-    }
-
-
-# ---------------------------------------------------------------------- server process
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "selfspec.server",
-        "--model",
-        args.model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--num-slots",
-        str(args.num_slots),
-        "--max-queue",
-        str(max(64, args.clients + args.disconnects)),
-        "--log-level",
-        "warning",
-    ]
-    if args.max_len:
-        command += ["--max-len", str(args.max_len)]
-    process = subprocess.Popen(command, env={**os.environ})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + args.startup_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited during startup (code {process.returncode})")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    process.kill()
-    raise SystemExit("the server did not come up in time")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-# ---------------------------------------------------------------------- clients
-async def stream_one(
-    http: httpx.AsyncClient,
-    url: str,
-    payload: dict,
-    result: StreamResult,
-    *,
-    hang_up_after: int | None = None,
-    holding: asyncio.Event | None = None,
-    release: asyncio.Event | None = None,
-) -> StreamResult:
-    """One streamed chat completion; with `hang_up_after`, close the connection after that many chunks."""
-    result.started = time.perf_counter()
-    parts: list[str] = []
-    try:
-        async with http.stream("POST", url + "/v1/chat/completions", json=payload) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: ") :]
-                if data == "[DONE]":
-                    result.saw_done = True
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    result.error = str(event["error"])
-                    break
-                if event.get("usage"):
-                    result.completion_tokens = event["usage"]["completion_tokens"]
-                for choice in event.get("choices", []):
-                    content = choice["delta"].get("content")
-                    if content:
-                        if result.first_token is None:
-                            result.first_token = time.perf_counter()
-                        parts.append(content)
-                        result.chunks += 1
-                    if choice.get("finish_reason"):
-                        result.finish_reason = choice["finish_reason"]
-                if hang_up_after is not None and result.chunks >= hang_up_after:
-                    holding.set()
-                    await release.wait()
-                    return result  # leaving the block closes the connection mid-stream
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        result.ended = time.perf_counter()
-        result.text = "".join(parts)
-    result.ok = (
-        result.saw_done
-        and result.finish_reason is not None
-        and result.completion_tokens is not None
-        and not result.error
-    )
-    return result
-
-
-async def references(url: str, args) -> list[tuple[str, int]]:
-    async with httpx.AsyncClient(timeout=args.request_timeout) as http:
-        out = []
-        for prompt in PROMPTS:
-            response = await http.post(
-                url + "/v1/chat/completions", json=body(args.served_name, prompt, args.max_tokens, stream=False)
-            )
-            response.raise_for_status()
-            data = response.json()
-            out.append((data["choices"][0]["message"]["content"], data["usage"]["completion_tokens"]))
-        return out
-
-
-async def load_phase(url: str, args) -> Report:
-    report = Report()
-    next_index = 0
-    limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
+async def run_level(url: str, concurrency: int, args, seed: int) -> tuple[list[StreamResult], float]:
+    """`concurrency` clients in flight (closed loop), or Poisson arrivals capped at `concurrency` in flight."""
+    n = requests_at(concurrency, args)
+    rng = random.Random(seed)
+    arrivals, t = [], 0.0
+    for _ in range(n):
+        arrivals.append(t)
+        if args.request_rate:
+            t += rng.expovariate(args.request_rate)
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    results: list[StreamResult] = []
     async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits) as http:
-
-        async def client() -> None:
-            nonlocal next_index
-            while next_index < args.requests:
-                i = next_index
-                next_index += 1
-                result = StreamResult(prompt_index=i % len(PROMPTS))
-                payload = body(args.served_name, PROMPTS[result.prompt_index], args.max_tokens, stream=True)
-                report.results.append(await stream_one(http, url, payload, result))
-
         started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(args.clients)))
-        report.wall_s = time.perf_counter() - started
-    return report
 
-
-async def disconnect_phase(url: str, args) -> dict:
-    async with httpx.AsyncClient(timeout=args.request_timeout) as http:
-        before = (await http.get(url + "/metrics")).text
-        aborted_before = metric(before, "selfspec_requests_aborted_total", DISCONNECTED)
-        release = asyncio.Event()
-        holding = [asyncio.Event() for _ in range(args.disconnects)]
-        payload = body(
-            args.served_name, "Count slowly from one to one thousand.", args.long_tokens, stream=True, ignore_eos=True
-        )
-        tasks = [
-            asyncio.create_task(
-                stream_one(
-                    http, url, payload, StreamResult(prompt_index=-1), hang_up_after=3, holding=h, release=release
+        async def one(i: int) -> None:
+            await asyncio.sleep(max(0.0, started + arrivals[i] - time.perf_counter()))
+            async with gate:
+                result = StreamResult(prompt_index=i % len(PROMPTS))
+                payload = body(
+                    args.served_name, PROMPTS[result.prompt_index], args.max_tokens, stream=True, thinking=args.thinking
                 )
-            )
-            for h in holding
-        ]
-        await asyncio.wait_for(asyncio.gather(*(h.wait() for h in holding)), args.request_timeout)
-        during = (await http.get(url + "/metrics")).text
-        hung_up = time.perf_counter()
-        release.set()
-        results = await asyncio.gather(*tasks)
-        freed_after = None
-        deadline = time.perf_counter() + 30
-        while time.perf_counter() < deadline:
-            now = (await http.get(url + "/metrics")).text
-            if metric(now, "selfspec_slots_in_use") == 0 and metric(now, "selfspec_requests_in_flight") == 0:
-                freed_after = time.perf_counter() - hung_up
-                break
-            await asyncio.sleep(0.05)
-        final = (await http.get(url + "/metrics")).text
-    return {
-        "clients": args.disconnects,
-        "chunks_read": [r.chunks for r in results],
-        "finished_normally": sum(r.saw_done for r in results),
-        "slots_in_use_while_streaming": metric(during, "selfspec_slots_in_use"),
-        "slots_in_use_after": metric(final, "selfspec_slots_in_use"),
-        "in_flight_after": metric(final, "selfspec_requests_in_flight"),
-        "aborted_on_disconnect": metric(final, "selfspec_requests_aborted_total", DISCONNECTED) - aborted_before,
-        "freed_within_s": freed_after,
-    }
+                results.append(await stream_one(http, url, payload, result))
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+        wall_s = time.perf_counter() - started
+    return results, wall_s
 
 
-# ---------------------------------------------------------------------- main
-def summarize(report: Report, refs: list[tuple[str, int]], args) -> tuple[dict, bool]:
-    results = report.results
-    lost = [r for r in results if r.error or not r.saw_done]
-    truncated = [
-        r
-        for r in results
-        if r not in lost
-        and (
-            r.finish_reason is None
-            or r.completion_tokens is None
-            or (r.finish_reason == "length" and r.completion_tokens != args.max_tokens)
+def sweep_mode(url: str, mode: str, args) -> tuple[list[dict], dict]:
+    refs = asyncio.run(references(url, args))
+    levels = []
+    for c in args.concurrency:
+        results, wall_s = asyncio.run(run_level(url, c, args, seed=c))
+        summary = summarize_level(
+            results, refs, wall_s=wall_s, requests=requests_at(c, args), max_tokens=args.max_tokens
         )
-    ]
-    complete = [r for r in results if r.ok]
-    different = [r for r in complete if (r.text, r.completion_tokens) != refs[r.prompt_index]]
-    latencies = [r.latency for r in complete]
-    ttfts = [r.ttft for r in complete if r.ttft is not None]
-    tokens = sum(r.completion_tokens for r in complete)
-    latency_p50, latency_p99 = p50_p99(latencies)
-    ttft_p50, ttft_p99 = p50_p99(ttfts)
-    summary = {
-        "requests": len(results),
-        "clients": args.clients,
-        "complete": len(complete),
-        "lost": len(lost),
-        "truncated": len(truncated),
-        "different_from_reference": len(different),
-        "wall_s": round(report.wall_s, 3),
-        "latency_p50_s": round(latency_p50, 4),
-        "latency_p99_s": round(latency_p99, 4),
-        "ttft_p50_s": round(ttft_p50, 4),
-        "ttft_p99_s": round(ttft_p99, 4),
-        "completion_tokens": tokens,
-        "aggregate_tokens_per_s": round(tokens / report.wall_s, 1) if report.wall_s else 0.0,
-        "errors": sorted({r.error for r in lost})[:5],
-    }
-    passed = not lost and not truncated and not different and len(results) == args.requests
-    return summary, passed
+        held = asyncio.run(slots_after(url))
+        level = {"mode": mode, "concurrency": c, **summary}
+        level["slots_in_use_after"], level["in_flight_after"] = held["slots_in_use"], held["in_flight"]
+        level["passed"] = level_passed(level)
+        levels.append(level)
+        print(
+            f"[{mode} c={c}] {level['completed']}/{level['requests']} complete in {level['duration_s']:.2f} s: "
+            f"{level['request_throughput']:.2f} req/s, {level['output_throughput']:.1f} tok/s, "
+            f"TTFT p50/p99 {level['p50_ttft_ms']}/{level['p99_ttft_ms']} ms, "
+            f"ITL p50/p99 {level['p50_itl_ms']}/{level['p99_itl_ms']} ms; errors {level['errors']}, "
+            f"lost {level['lost']}, truncated {level['truncated']}, different {level['different_from_reference']}, "
+            f"slots held after {level['slots_in_use_after']:.0f}" + ("" if level["passed"] else "  FAIL"),
+            flush=True,
+        )
+        for message in level["error_messages"]:
+            print(f"    error: {message}", flush=True)
+    disconnects = asyncio.run(disconnect_phase(url, args)) if args.disconnects else {}
+    if disconnects:
+        print(
+            f"[{mode} disconnects] {disconnects['clients']} hung up: slots in use after "
+            f"{disconnects['slots_in_use_after']:.0f}, aborted {disconnects['aborted_on_disconnect']:.0f}, "
+            f"freed within {disconnects['freed_within_s']} s",
+            flush=True,
+        )
+    return levels, {"references": refs, "disconnects": disconnects}
 
 
-def main() -> None:
+def disconnects_passed(check: dict, expected: int) -> bool:
+    return not check or (
+        check["slots_in_use_after"] == 0
+        and check["in_flight_after"] == 0
+        and check["aborted_on_disconnect"] == expected
+        and check["finished_normally"] == 0
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="model for the server subprocess (tiny, smollm2, a path)")
-    parser.add_argument("--url", default=None, help="use a running server (loopback only) instead of starting one")
+    parser.add_argument(
+        "--url", default=None, help="use one running server (loopback only) instead of starting one per mode"
+    )
     parser.add_argument("--served-name", default=None, help="the 'model' field to send (default: --model)")
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=128, help="total streamed requests in the load phase")
+    parser.add_argument("--modes", default="off,auto", help="server --speculation per run, comma-separated")
+    parser.add_argument("--concurrency", default="1,4,16,64", help="clients in flight per level, comma-separated")
+    parser.add_argument("--min-requests", type=int, default=16, help="requests per level: max(2 x concurrency, this)")
+    parser.add_argument(
+        "--request-rate", type=float, default=None, help="Poisson arrivals (req/s) instead of a closed loop"
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--thinking", action="store_true", help="ask for thinking (selfspec.thinking: true)")
     parser.add_argument("--disconnects", type=int, default=16)
     parser.add_argument("--long-tokens", type=int, default=400, help="max_tokens of the streams that hang up")
     parser.add_argument("--num-slots", type=int, default=16)
     parser.add_argument("--max-len", type=int, default=None)
+    parser.add_argument("--device", default="auto", help="server --device")
+    parser.add_argument("--dtype", default="auto", help="server --dtype")
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument("--startup-timeout", type=float, default=300.0)
-    parser.add_argument("--json", default=None, help="also write the results to this file")
-    args = parser.parse_args()
+    parser.add_argument("--out-dir", type=Path, default=None, help="write results.json, README.md and a plot here")
+    args = parser.parse_args(argv)
     args.served_name = args.served_name or args.model
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if any(c < 1 for c in args.concurrency):
+        parser.error("--concurrency: every level must be at least 1")
+    if args.request_rate is not None and args.request_rate <= 0:
+        parser.error("--request-rate must be positive")
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
-        raise SystemExit("--url must be a loopback address (127.0.0.1, localhost, ::1)")
+        parser.error("--url must be a loopback address (127.0.0.1, localhost, ::1)")
+    if args.url and len(args.modes) > 1:
+        parser.error("--url serves one mode: pass --modes with the running server's mode only")
+    args.load_before = round(os.getloadavg()[0], 2)
+    return args
 
-    process = None
-    url = args.url
-    if url is None:
-        process, url = start_server(args)
-    try:
-        refs = asyncio.run(references(url, args))
-        report = asyncio.run(load_phase(url, args))
-        load, load_ok = summarize(report, refs, args)
-        disconnects = asyncio.run(disconnect_phase(url, args)) if args.disconnects else {}
-        server_metrics = httpx.get(url + "/metrics").text
-    finally:
-        if process is not None:
-            stop_server(process)
 
-    disconnect_ok = not disconnects or (
-        disconnects["slots_in_use_after"] == 0
-        and disconnects["in_flight_after"] == 0
-        and disconnects["aborted_on_disconnect"] == args.disconnects
-        and disconnects["finished_normally"] == 0
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    levels, disconnects, refs_by_mode = [], {}, {}
+    for mode in args.modes:
+        process, url = (None, args.url) if args.url else start_server(args, mode)
+        try:
+            mode_levels, extra = sweep_mode(url, mode, args)
+        finally:
+            if process is not None:
+                stop_server(process)
+        levels += mode_levels
+        disconnects[mode] = extra["disconnects"]
+        refs_by_mode[mode] = extra["references"]
+    ref_sets = list(refs_by_mode.values())
+    passed = all(level["passed"] for level in levels) and all(
+        disconnects_passed(check, args.disconnects) for check in disconnects.values()
     )
-    print(
-        f"model: {args.model}   server: {url}   slots: {args.num_slots}   engine steps: {metric(server_metrics, 'selfspec_engine_steps'):.0f}"
-    )
-    print(
-        f"\nload: {load['requests']} streamed requests from {load['clients']} concurrent clients, max_tokens={args.max_tokens}"
-    )
-    print(
-        f"  complete {load['complete']}   lost {load['lost']}   truncated {load['truncated']}   "
-        f"different from reference {load['different_from_reference']}"
-    )
-    print(f"  latency p50 {load['latency_p50_s']:.3f} s   p99 {load['latency_p99_s']:.3f} s")
-    print(f"  TTFT    p50 {load['ttft_p50_s']:.3f} s   p99 {load['ttft_p99_s']:.3f} s")
-    print(
-        f"  {load['completion_tokens']} tokens in {load['wall_s']:.2f} s = {load['aggregate_tokens_per_s']:.1f} tokens/s aggregate"
-    )
-    if load["errors"]:
-        print(f"  errors: {load['errors']}")
-    if disconnects:
-        print(
-            f"\ndisconnects: {disconnects['clients']} clients hung up after {min(disconnects['chunks_read'])}+ chunks "
-            f"of a {args.long_tokens}-token stream"
-        )
-        print(
-            f"  slots in use while streaming {disconnects['slots_in_use_while_streaming']:.0f} -> after hang-up "
-            f"{disconnects['slots_in_use_after']:.0f} (freed within {disconnects['freed_within_s'] or float('nan'):.3f} s); "
-            f"aborted on disconnect: {disconnects['aborted_on_disconnect']:.0f}; finished normally: {disconnects['finished_normally']}"
-        )
-    verdict = "PASS" if load_ok and disconnect_ok else "FAIL"
-    print(f"\n{verdict}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"model": args.model, "load": load, "disconnects": disconnects, "passed": verdict == "PASS"},
-                f,
-                indent=2,
-            )
-    sys.exit(0 if verdict == "PASS" else 1)
+    result = {
+        **output.run_header(args),
+        "levels": levels,
+        "disconnects": disconnects,
+        "references_equal_across_modes": all(r == ref_sets[0] for r in ref_sets),
+        "passed": passed,
+    }
+    if args.out_dir:
+        output.write(args.out_dir, result)
+        print(f"wrote {args.out_dir}/results.json, README.md, throughput_ttft.png")
+    print(json.dumps({"passed": passed, "references_equal_across_modes": result["references_equal_across_modes"]}))
+    print("PASS" if passed else "FAIL")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
