@@ -76,7 +76,7 @@ class AutoConfig(MethodConfig):
     min_answer_tokens: int = Field(32, ge=0)
     acceptance_prior: float = Field(0.6, gt=0.0, lt=1.0)
     prefix_acceptance_prior: float = Field(0.8, gt=0.0, lt=1.0)
-    margin: float = Field(1.05, ge=1.0)
+    margin: float = Field(1.1, ge=1.0)
     max_step_ratio: float = Field(1.5, ge=1.0)
 
     def ssr_config(self) -> SSRConfig:
@@ -92,7 +92,7 @@ class AutoConfig(MethodConfig):
         )
 
     def controller(self) -> LengthController:
-        priors = {"thinking": self.acceptance_prior, "answer": self.acceptance_prior}
+        priors = {"thinking": self.acceptance_prior, "answer": self.acceptance_prior, "draft": self.acceptance_prior}
         priors["draft_prefix"] = self.prefix_acceptance_prior
         return LengthController(priors, margin=self.margin, max_step_ratio=self.max_step_ratio)
 
@@ -195,6 +195,15 @@ class AutoSSRPolicy(SSRPolicy):
             chose_draft = before is not None and suffix.chosen_counts[1] > before[1]
             self._answer_source = "draft_suffix" if chose_draft else "lookup"
         return proposal
+
+    def draft_proposal_room(self, engine: "Engine", max_tokens: int) -> int:
+        """A draft child's own proposal is a verify in the parent's steps: sized by the same rule
+        as the parent's, from the drafts' own acceptance (a draft copying the CoT accepts much,
+        one guessing does not), so where long verifies are dear (a CPU) the draft decodes plainly."""
+        return self.lengths.choose("draft", engine.step_costs, _rows(engine), max_tokens)
+
+    def on_draft_step(self, outcome: StepOutcome) -> None:
+        self.lengths.record("draft", "thinking", "draft_own", outcome.proposed, outcome.accepted)
 
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
         proposal = outcome.proposal

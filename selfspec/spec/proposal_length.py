@@ -87,10 +87,14 @@ class AcceptanceRate:
         self.trials *= self.relax
 
 
-def _line_fit(points: dict[tuple[int, int], float]) -> tuple[float, float] | None:
-    """Least-squares (fixed seconds, seconds per fed token) over (rows, tokens) -> seconds."""
-    xs = [rows * tokens for rows, tokens in points]
-    ys = list(points.values())
+VERIFY_TOKENS_MAX = 64
+"""Tokens per row of the longest verify a step sends; longer chunks are prefill pieces, whose
+per-token cost (a compute-efficient GEMM) says nothing about a short verify's."""
+
+
+def _line_fit(points: dict[int, float]) -> tuple[float, float] | None:
+    """Least-squares (fixed seconds, seconds per fed token) over fed tokens -> seconds."""
+    xs, ys = list(points), list(points.values())
     if len(set(xs)) < 2:
         return None
     n = len(xs)
@@ -102,9 +106,21 @@ def _line_fit(points: dict[tuple[int, int], float]) -> tuple[float, float] | Non
     return fixed, per_token
 
 
+def _verify_points(costs: "StepCosts", rows: int | None) -> dict[int, float]:
+    """Fed tokens -> median step seconds of the measured verify-sized shapes (at most
+    `VERIFY_TOKENS_MAX` tokens per row), of `rows` rows only, or of every row count (None)."""
+    return {
+        r * tokens: seconds
+        for (r, tokens), seconds in costs.step_seconds().items()
+        if tokens <= VERIFY_TOKENS_MAX and (rows is None or r == rows)
+    }
+
+
 def cost_ratio(costs: "StepCosts | None", rows: int, tokens: int) -> tuple[float, str]:
     """Seconds of a step of `rows` rows of `tokens` tokens over a decode step of `rows` rows, and
-    where the figure came from ("measured", "fitted", "prior")."""
+    where the figure came from: "measured" (that shape), "fitted" (a line through the measured
+    verify-sized steps of as many rows, else of all rows: prefill pieces are left out, their
+    per-token cost is a GEMM's, far below a short verify's on a CPU), "prior" (nothing measured)."""
     rows = max(1, rows)
     if tokens <= 1:
         return 1.0, "measured"
@@ -112,10 +128,11 @@ def cost_ratio(costs: "StepCosts | None", rows: int, tokens: int) -> tuple[float
         base, more = costs.seconds(rows, 1), costs.seconds(rows, tokens)
         if base and more:
             return max(1.0, more / base), "measured"
-        fit = _line_fit(costs.step_seconds())
-        if fit is not None:
-            fixed, per_token = fit
-            return (fixed + per_token * rows * tokens) / (fixed + per_token * rows), "fitted"
+        for points in (_verify_points(costs, rows), _verify_points(costs, None)):
+            fit = _line_fit(points)
+            if fit is not None:
+                fixed, per_token = fit
+                return max(1.0, (fixed + per_token * rows * tokens) / (fixed + per_token * rows)), "fitted"
     q = TOKEN_COST_PRIOR
     return (1.0 + q * rows * tokens) / (1.0 + q * rows), "prior"
 

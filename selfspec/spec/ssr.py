@@ -62,9 +62,13 @@ class DraftPolicy(SequencePolicy):
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         if self.proposer is None:
             return None
-        return self.proposer.propose(seq.token_ids, max_tokens)
+        room = self.owner.draft_proposal_room(engine, max_tokens)
+        if room <= 0:
+            return None
+        return self.proposer.propose(seq.token_ids, room)
 
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
+        self.owner.on_draft_step(outcome)
         self._sync(seq)
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
@@ -194,6 +198,15 @@ class SSRPolicy(ThinkingPolicy):
 
     def on_draft_finished(self, draft: Draft) -> None:
         """A draft ended (EOS, its length cap, or cancelled); nothing to do until thinking ends."""
+
+    def draft_proposal_room(self, engine: "Engine", max_tokens: int) -> int:
+        """How many tokens a draft child of this request may propose this step (its own
+        speculation, `draft_proposer`): all the engine allows here; a subclass that sizes
+        proposals by cost (auto) cuts it, since every draft token verified is the parent's bill."""
+        return max_tokens
+
+    def on_draft_step(self, outcome: StepOutcome) -> None:
+        """A draft child's step was verified (what its own proposal, if any, got accepted)."""
 
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
         super().on_finish(engine, seq)

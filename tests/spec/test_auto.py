@@ -21,7 +21,13 @@ from selfspec.engine.step_costs import StepCosts
 from selfspec.llm import LLM
 from selfspec.spec.auto import AutoConfig
 from selfspec.spec.base import MethodContext
-from selfspec.spec.proposal_length import AcceptanceRate, LengthController, choose_length, expected_tokens
+from selfspec.spec.proposal_length import (
+    AcceptanceRate,
+    LengthController,
+    choose_length,
+    cost_ratio,
+    expected_tokens,
+)
 from selfspec.spec.ssr_core import Draft, DraftSchedule
 from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
 from selfspec.thinking.format import ThinkingFormat
@@ -263,6 +269,51 @@ def test_unmeasured_costs_fall_back_to_a_fitted_line_then_the_prior():
     assert fitted.cost_from == "fitted"
     assert fitted.k == choose_length(_costs(_cpu), rows=1, alpha=0.8, room=64).k
     assert expected_tokens(0.5, 0) == 1.0 and expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_prefill_pieces_do_not_make_a_long_verify_look_cheap():
+    """A CPU where a verify costs 0.7 of a decode step per token, and prefill pieces of 256-512
+    tokens cost 0.05 of a decode step per token (one efficient GEMM): the fitted cost of an
+    unmeasured 33-token verify must come from the verify-sized steps, so it is not proposed at a
+    middling acceptance, whereas a line through the prefill pieces would call it cheap."""
+    costs = StepCosts()
+    decode = 0.046
+    for _ in range(4):
+        costs.observe([1], decode)
+        costs.observe([2], decode * 1.45)
+        costs.observe([256], decode * 0.05 * 256)
+        costs.observe([512], decode * 0.05 * 512)
+    ratio, source = cost_ratio(costs, 1, 33)
+    assert source == "fitted" and ratio > 10, ratio
+    choice = choose_length(costs, rows=1, alpha=0.6, room=64)
+    assert choice.k <= 2, choice
+
+
+class _Running:
+    """The engine attributes the length rule reads."""
+
+    def __init__(self, costs: StepCosts, running: int) -> None:
+        self.step_costs, self.num_running = costs, running
+
+
+def test_a_draft_childs_own_proposals_are_sized_by_the_parents_rule():
+    """Auto's drafts speculate from their context; every token they verify is paid in the
+    parent's steps, so the same rule sizes them: none where a long verify is dear, long ones
+    where it is nearly free, and the draft's own acceptance moves it."""
+    from selfspec.engine.policy import Proposal, StepOutcome
+    from selfspec.spec.auto import AutoSSRPolicy
+
+    auto = AutoConfig()
+    dear = AutoSSRPolicy(auto, _ctx(thinking=True))
+    assert dear.draft_proposal_room(_Running(_costs(lambda r, t: 0.01 * r * t), 2), 64) == 0
+    cheap = AutoSSRPolicy(auto, _ctx(thinking=True))
+    assert cheap.draft_proposal_room(_Running(_costs(_gpu), 2), 64) >= 8
+    middling = AutoSSRPolicy(auto, _ctx(thinking=True))
+    assert middling.draft_proposal_room(_Running(_costs(_cpu), 2), 64) > 0
+    for _ in range(8):
+        middling.on_draft_step(StepOutcome(Proposal([5] * 16), 0, (5,)))
+    assert middling.draft_proposal_room(_Running(_costs(_cpu), 2), 64) == 0  # its drafts' copies fail
+    assert middling.report()["auto"]["proposed_tokens"]["thinking/draft_own"] == 128
 
 
 def _ctx(thinking: bool, max_tokens: int = 1000, answer_cap: int | None = None) -> MethodContext:
