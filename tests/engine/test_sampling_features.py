@@ -80,7 +80,7 @@ def test_out_of_range_values_name_their_field(field, value):
 def test_greedy_with_a_repetition_penalty_equals_transformers_generate(bigram_llm, tok):
     ids = bigram_llm.encode_prompt("hello", thinking=False)
     out = bigram_llm.generate(ids, SamplingParams(max_tokens=24, repetition_penalty=1.3, ignore_eos=True))[0]
-    plain = bigram_llm.generate(ids, SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    plain = bigram_llm.generate(ids, SamplingParams(max_tokens=24, ignore_eos=True), spec="off")[0]
     ref = bigram_llm.model.generate(
         torch.tensor([ids]), max_new_tokens=24, do_sample=False, repetition_penalty=1.3, eos_token_id=None
     )[0, len(ids) :].tolist()
@@ -99,8 +99,8 @@ def test_greedy_with_a_repetition_penalty_equals_transformers_generate(bigram_ll
 def test_speculation_under_penalties_is_exact(bigram_llm, params):
     modes = [SuffixDecodingConfig(), PromptLookupConfig(), SSRConfig(draft_budgets=[4], max_draft_len=32)]
     limits = ThinkingLimits(cot_cap=8)
-    base = bigram_llm.generate(PROMPTS, params, limits=limits, thinking=True)
-    plain = bigram_llm.generate(PROMPTS, SamplingParams(max_tokens=40), limits=limits, thinking=True)
+    base = bigram_llm.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
+    plain = bigram_llm.generate(PROMPTS, SamplingParams(max_tokens=40), limits=limits, thinking=True, spec="off")
     assert [b.token_ids for b in base] != [p.token_ids for p in plain]  # the penalties matter here
     for spec in modes:
         outs = bigram_llm.generate(PROMPTS, params, spec=spec, limits=limits, thinking=True)

@@ -150,7 +150,7 @@ def test_static_ssr_equals_baseline():
     limits = ThinkingLimits(cot_cap=40, answer_cap=30, fixed_length=True)
     params = SamplingParams(max_tokens=1000)
     texts = ["What is 12 + 30?", "Write a counter class", "hello"]
-    base = llm.generate(texts, params, limits=limits, thinking=True)
+    base = llm.generate(texts, params, limits=limits, thinking=True, spec="off")
     out = llm.generate(texts, params, limits=limits, spec=SSRConfig(draft_budgets=[10], max_draft_len=40))
     for o, b in zip(out, base):
         assert o.token_ids == b.token_ids

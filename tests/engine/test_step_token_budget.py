@@ -47,7 +47,7 @@ def test_budget_cuts_proposals_and_keeps_the_output(spec):
     limits = ThinkingLimits(cot_cap=30, answer_cap=30, fixed_length=True)
     free, free_fed = _llm(None)
     tight, tight_fed = _llm(12)
-    base = free.generate(PROMPTS, params, limits=limits, thinking=True)
+    base = free.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
     unlimited = free.generate(PROMPTS, params, limits=limits, spec=spec)
     limited = tight.generate(PROMPTS, params, limits=limits, spec=spec)
     assert [o.token_ids for o in limited] == [o.token_ids for o in base] == [o.token_ids for o in unlimited]

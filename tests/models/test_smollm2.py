@@ -63,7 +63,7 @@ def test_prompted_thinking_format_and_ssr_modes_are_exact(llm):
     assert llm.thinking_format.kind == "prompted"
     limits = ThinkingLimits(cot_cap=48, answer_cap=40, fixed_length=True)
     params = SamplingParams(max_tokens=200)
-    base = llm.generate(CHATS[:2], params, limits=limits, thinking=True)
+    base = llm.generate(CHATS[:2], params, limits=limits, thinking=True, spec="off")
     assert all(b.metrics["cot_tokens"] == 48 and b.metrics["answer_tokens"] == 40 for b in base)
     specs = {
         "prefix+suffix": SSRConfig(draft_budgets=[16], max_draft_len=40),

@@ -304,7 +304,7 @@ def test_sps_with_the_distilled_draft_is_token_identical(tok, trained, saved, sp
     assert shares_layers == (spelling == "layers:1")  # plain "layers:N" is unchanged: shared layers
     limits = ThinkingLimits(cot_cap=30, answer_cap=25, fixed_length=True)
     params = SamplingParams(max_tokens=100)
-    base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
+    base = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
     out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=DraftModelConfig(num_speculative_tokens=4))
     for o, b in zip(out, base):
         assert o.token_ids == b.token_ids
@@ -422,7 +422,7 @@ def test_packaged_draft_loads_under_its_target_and_sps_is_exact():
     limits = ThinkingLimits(cot_cap=12, answer_cap=12, fixed_length=True)
     params = SamplingParams(max_tokens=100)
     prompt = ["Write a Python class Counter with increment and reset methods."]
-    base = llm.generate(prompt, params, limits=limits, thinking=True)
+    base = llm.generate(prompt, params, limits=limits, thinking=True, spec="off")
     out = llm.generate(prompt, params, limits=limits, thinking=True, spec=DraftModelConfig(num_speculative_tokens=4))
     assert out[0].token_ids == base[0].token_ids
     assert out[0].metrics["accepted_tokens"] > 0, "the distilled draft should agree with the target sometimes"

@@ -316,7 +316,7 @@ def test_arbitrated_verification_rule(probability, threshold, max_arbitrations, 
 
 def test_threshold_above_one_is_plain_greedy(llm, arbitrator):
     params = SamplingParams(max_tokens=40)
-    base = llm.generate(PROMPTS, params)
+    base = llm.generate(PROMPTS, params, spec="off")
     out = llm.generate(
         PROMPTS, params, spec=CoSpecConfig(num_speculative_tokens=4, threshold=1.01, arbitrator=arbitrator)
     )

@@ -116,7 +116,7 @@ def test_gate_decisions_leave_the_output_unchanged(bigram_llm, row_cost, expect)
     limits = ThinkingLimits(cot_cap=40, answer_cap=20, fixed_length=True)
     params = SamplingParams(max_tokens=200)
     prompts = ["What is 12 + 30?", "Write a counter class", "hello"]
-    base = llm.generate(prompts, params, limits=limits, thinking=True)
+    base = llm.generate(prompts, params, limits=limits, thinking=True, spec="off")
     saved = llm.engine.step_costs
     costs = _FixedCosts(row_cost)
     llm.engine.step_costs = costs

@@ -46,7 +46,7 @@ def test_sps_greedy_is_token_identical(tok, draft_kind):
     limits = ThinkingLimits(cot_cap=30, answer_cap=25, fixed_length=True)
     params = SamplingParams(max_tokens=100)
     spec = DraftModelConfig(num_speculative_tokens=4)
-    base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
+    base = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
     before = llm.draft_runner.forwards
     out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=spec)
     batched_forwards = llm.draft_runner.forwards - before

@@ -57,7 +57,7 @@ def test_every_lossless_mode_is_token_identical(family_llm):
     llm = family_llm
     limits = ThinkingLimits(cot_cap=24, answer_cap=16, fixed_length=True)
     params = SamplingParams(max_tokens=200)
-    base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
+    base = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
     verified = 0
     for name, spec in MODES.items():
         out = llm.generate(PROMPTS, params, limits=limits, spec=spec)
@@ -86,7 +86,7 @@ def test_accepted_drafts_on_a_hybrid_bigram_model(tok):
     llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=24, max_len=256))
     limits = ThinkingLimits(cot_cap=30, answer_cap=30, fixed_length=True)
     params = SamplingParams(max_tokens=200)
-    base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
+    base = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
     for name in ("prefix+suffix", "iterative", "suffix-decoding"):
         out = llm.generate(PROMPTS, params, limits=limits, spec=MODES[name])
         assert [o.token_ids for o in out] == [b.token_ids for b in base], name
@@ -101,7 +101,7 @@ def test_sps_greedy_is_token_identical_on_a_hybrid_target(tok, draft_kind):
     llm = LLM.from_model(target, tok, engine_config=EngineConfig(num_slots=8, max_len=256), draft=draft)
     limits = ThinkingLimits(cot_cap=20, answer_cap=16, fixed_length=True)
     params = SamplingParams(max_tokens=100)
-    base = llm.generate(PROMPTS, params, limits=limits, thinking=True)
+    base = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec="off")
     out = llm.generate(PROMPTS, params, limits=limits, thinking=True, spec=DraftModelConfig(num_speculative_tokens=4))
     for o, b in zip(out, base):
         assert o.token_ids == b.token_ids

@@ -72,7 +72,7 @@ def test_converged_drafting_keeps_the_output_with_fewer_drafts(bigram_llm):
     limits = ThinkingLimits(cot_cap=60, answer_cap=24, fixed_length=True)
     params = SamplingParams(max_tokens=200)
     prompts = ["What is 12 + 30?", "Write a counter class", "hello"]
-    base = llm.generate(prompts, params, limits=limits, thinking=True)
+    base = llm.generate(prompts, params, limits=limits, thinking=True, spec="off")
     every = llm.generate(prompts, params, limits=limits, spec=SSRConfig(draft_interval=8, max_draft_len=24))
     settled = llm.generate(
         prompts, params, limits=limits, spec=SSRConfig(draft_interval=8, max_draft_len=24, converge_tokens=4)

@@ -101,7 +101,7 @@ def bigram_llm(tok):
 
 def _check_all_modes(llm: LLM, limits: ThinkingLimits, budget: int, max_draft: int, prompts=PROMPTS):
     params = SamplingParams(max_tokens=1000)
-    base = llm.generate(prompts, params, limits=limits, thinking=True)
+    base = llm.generate(prompts, params, limits=limits, thinking=True, spec="off")
     metrics = {}
     for name, make in MODES.items():
         out = llm.generate(prompts, params, limits=limits, spec=make(budget, max_draft))
@@ -209,7 +209,7 @@ def test_ssr_and_plain_requests_share_a_batch(random_llm):
     llm = random_llm
     limits = ThinkingLimits(cot_cap=24, answer_cap=20, fixed_length=True)
     params = SamplingParams(max_tokens=100)
-    base = llm.generate(PROMPTS[:6], params, limits=limits, thinking=True)
+    base = llm.generate(PROMPTS[:6], params, limits=limits, thinking=True, spec="off")
     specs = [
         None,
         SSRConfig(draft_budgets=[8]),

@@ -168,7 +168,7 @@ def check_ssr() -> None:
     limits = ThinkingLimits(cot_cap=30, answer_cap=20, fixed_length=True)
     params = SamplingParams(max_tokens=1000)
     texts = ["What is 12 + 30?", "hello"]
-    base = llm.generate(texts, params, limits=limits, thinking=True)
+    base = llm.generate(texts, params, limits=limits, thinking=True, spec="off")
     out = llm.generate(texts, params, limits=limits, spec=SSRConfig(draft_budgets=[8], max_draft_len=30))
     assert [o.token_ids for o in out] == [b.token_ids for b in base]
     assert sum(o.metrics["accepted_prefix"] for o in out) > 0
