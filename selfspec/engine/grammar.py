@@ -68,6 +68,10 @@ class XGrammarState:
         return XGrammarState(self._matcher.fork(), self.vocab_size)
 
 
+COMPILE_CACHE_BYTES = 256 << 20
+"""xgrammar's compile cache per tokenizer: repeated schemas compile once, memory stays bounded."""
+
+
 class GrammarCompiler:
     """Compiles request grammars for one tokenizer and vocabulary (the model's logits width)."""
 
@@ -76,7 +80,9 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(int(t) for t in stop_token_ids)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        # Bounded: a server sees many distinct schemas over its life, and xgrammar's own cache
+        # (unbounded by default) would keep every compiled grammar (masks included) forever.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=COMPILE_CACHE_BYTES)
 
     # ------------------------------------------------------------------ grammars by kind
     def json_schema(self, schema: dict | str, *, strict: bool = True) -> Any:

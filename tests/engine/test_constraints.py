@@ -172,3 +172,18 @@ def test_regex_and_ebnf_grammars(bigram_llm):
     assert out.text[:4].strip("0123456789") == "-" and out.text[4:] in ("yes", "no")
     out = _run(bigram_llm, "hello", SuffixDecodingConfig(), thinking=False, grammar=grammars.ebnf('root ::= "a" | "b"'))
     assert out.text in ("a", "b")
+
+
+def test_the_compile_cache_is_bounded_and_reused(random_llm):
+    """A server compiles many distinct schemas over its life: xgrammar's cache must not keep
+    them all (unbounded by default), yet a repeated schema must come from it."""
+    from selfspec.engine.grammar import COMPILE_CACHE_BYTES
+
+    grammars = random_llm.grammars
+    assert grammars._compiler.cache_limit_bytes == COMPILE_CACHE_BYTES
+    schema = {"type": "object", "properties": {"cache_probe": {"type": "integer"}}, "required": ["cache_probe"]}
+    grammars.compile(grammars.json_schema(schema))
+    size = grammars._compiler.get_cache_size_bytes()
+    assert 0 < size <= COMPILE_CACHE_BYTES
+    grammars.compile(grammars.json_schema(schema))
+    assert grammars._compiler.get_cache_size_bytes() == size  # the same schema again: a cache hit
