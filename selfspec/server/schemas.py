@@ -357,9 +357,6 @@ class ChatCompletionRequest(_CommonRequest):
             raise UnsupportedField("tool_choice", f"tool_choice names {choice.function.name!r}, which is not in tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs: true")
-        format_type = self.response_format.type if self.response_format is not None else "text"
-        if format_type != "text" and self.calls_forced:
-            raise UnsupportedField("response_format", "give a JSON response_format or a forced tool call, not both")
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None

@@ -103,7 +103,9 @@ def output_rules(llm: Any, body: ChatCompletionRequest | CompletionRequest) -> O
             }
             rules.spec = GrammarSpec("tool_calls", payload, "tools")
     response_format = getattr(body, "response_format", None)
-    if response_format is not None and response_format.type != "text":
+    # A forced tool call writes no text, so the text format has nothing to shape in this turn
+    # (OpenAI accepts both: the format applies to a later turn's message, as agents send it).
+    if response_format is not None and response_format.type != "text" and rules.spec is None:
         _compiler(llm, "response_format")
         if response_format.type == "json_object":
             rules.spec = GrammarSpec("json_object", None, "response_format")

@@ -97,6 +97,23 @@ def test_a_tool_without_parameters_is_called_with_an_empty_object(server, tool):
     assert call["function"]["name"] == name and json.loads(call["function"]["arguments"]) == {}
 
 
+def test_a_text_format_beside_a_forced_tool_call_waits_for_a_later_turn(server):
+    """Agent frameworks send their output schema with every turn, forced tool calls included
+    (OpenAI accepts both): the forced turn writes only the call, so the format does not
+    constrain it, and the reply is the one without the format."""
+    fields = dict(tools=[WEATHER], tool_choice="required", max_tokens=120, selfspec={"thinking": False})
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "final", "schema": schema}}
+    plain = chat(server, **fields)
+    both = chat(server, response_format=fmt, **fields)
+    assert plain.status_code == 200 == both.status_code, both.text
+    reply = both.json()["choices"][0]
+    assert reply["finish_reason"] == "tool_calls"
+    assert reply["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    strip = lambda calls: [c["function"] for c in calls]  # noqa: E731 - call ids are random
+    assert strip(reply["message"]["tool_calls"]) == strip(plain.json()["choices"][0]["message"]["tool_calls"])
+
+
 # ---------------------------------------------------------------------- streamed = non-streamed
 def test_streamed_tool_calls_carry_the_non_streamed_content(server):
     """Several calls: the newlines between and after them are call syntax, in both replies."""
