@@ -42,8 +42,27 @@ def tok():
     return tiny_tokenizer()
 
 
+class _FrozenCosts(StepCosts):
+    """Step costs fixed to a GPU-like profile (verifies of up to 64 tokens cost a decode step):
+    what auto proposes, and so whether the tests see proposals at all, must not depend on how
+    busy the machine running the tests is. The decisions on measured costs have their own
+    tests below."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for rows in range(1, 18):
+            for tokens in (1, 2, 3, 5, 9, 17, 33, 65):
+                for _ in range(4):
+                    super().observe([tokens] * rows, _gpu(rows, tokens))
+
+    def observe(self, row_tokens: list[int], seconds: float) -> None:
+        """Measurements are ignored: the profile stays as set."""
+
+
 def _llm(model, tok, slots: int = 16) -> LLM:
-    return LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=slots, max_len=384))
+    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=slots, max_len=384))
+    llm.engine.step_costs = _FrozenCosts()
+    return llm
 
 
 def _bigram_hybrid(tok):
