@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from selfspec.engine.step_costs import StepCosts
@@ -116,11 +116,36 @@ def _verify_points(costs: "StepCosts", rows: int | None) -> dict[int, float]:
     }
 
 
-def cost_ratio(costs: "StepCosts | None", rows: int, tokens: int) -> tuple[float, str]:
+def fitted_line(costs: "StepCosts | None", rows: int) -> tuple[float, float] | None:
+    """(fixed seconds, seconds per fed token) through the measured verify-sized steps of `rows`
+    rows, else of all rows; None before two sizes were measured. Prefill pieces are left out:
+    their per-token cost is a GEMM's, far below a short verify's on a CPU."""
+    if costs is None:
+        return None
+    points = costs.step_seconds()
+    for wanted in (rows, None):
+        fit = _line_fit(
+            {
+                r * tokens: seconds
+                for (r, tokens), seconds in points.items()
+                if tokens <= VERIFY_TOKENS_MAX and (wanted is None or r == wanted)
+            }
+        )
+        if fit is not None:
+            return fit
+    return None
+
+
+_NOT_GIVEN: Any = object()
+
+
+def cost_ratio(
+    costs: "StepCosts | None", rows: int, tokens: int, line: tuple[float, float] | None = _NOT_GIVEN
+) -> tuple[float, str]:
     """Seconds of a step of `rows` rows of `tokens` tokens over a decode step of `rows` rows, and
-    where the figure came from: "measured" (that shape), "fitted" (a line through the measured
-    verify-sized steps of as many rows, else of all rows: prefill pieces are left out, their
-    per-token cost is a GEMM's, far below a short verify's on a CPU), "prior" (nothing measured)."""
+    where the figure came from: "measured" (that shape), "fitted" (`fitted_line`; pass `line`
+    when asking for several lengths at once, it takes a median per measured shape), "prior"
+    (nothing measured)."""
     rows = max(1, rows)
     if tokens <= 1:
         return 1.0, "measured"
@@ -128,11 +153,11 @@ def cost_ratio(costs: "StepCosts | None", rows: int, tokens: int) -> tuple[float
         base, more = costs.seconds(rows, 1), costs.seconds(rows, tokens)
         if base and more:
             return max(1.0, more / base), "measured"
-        for points in (_verify_points(costs, rows), _verify_points(costs, None)):
-            fit = _line_fit(points)
-            if fit is not None:
-                fixed, per_token = fit
-                return max(1.0, (fixed + per_token * rows * tokens) / (fixed + per_token * rows)), "fitted"
+        if line is _NOT_GIVEN:
+            line = fitted_line(costs, rows)
+        if line is not None:
+            fixed, per_token = line
+            return max(1.0, (fixed + per_token * rows * tokens) / (fixed + per_token * rows)), "fitted"
     q = TOKEN_COST_PRIOR
     return (1.0 + q * rows * tokens) / (1.0 + q * rows), "prior"
 
@@ -165,8 +190,11 @@ def choose_length(
     best = LengthChoice(0, 0, alpha, rows, 1.0, "measured")
     budget_k = 0
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
+    line: Any = _NOT_GIVEN  # fitted at most once per call, and only if a length is unmeasured (hot path)
     for k in candidates:
-        ratio, source = cost_ratio(costs, rows, 1 + k)
+        if line is _NOT_GIVEN and costs is not None and costs.seconds(rows, 1 + k) is None:
+            line = fitted_line(costs, rows)
+        ratio, source = cost_ratio(costs, rows, 1 + k, line)
         if ratio > limit:
             break  # costs grow with k: longer ones are over the budget too
         budget_k = k
