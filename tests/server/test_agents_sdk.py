@@ -11,12 +11,6 @@ through `extra_body`, so both ways of turning speculation on are exercised.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from typing import Literal
 
 import httpx
@@ -37,6 +31,8 @@ from agents import (  # noqa: E402
 )
 from openai import AsyncOpenAI  # noqa: E402
 
+from selfspec.testing.serve_process import serve_process  # noqa: E402
+
 MODEL = "tiny"
 
 
@@ -44,45 +40,14 @@ class Verdict(BaseModel):
     verdict: Literal["sunny", "rainy"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "selfspec.server", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--num-slots", "4", "--max-len", "2048", "--speculation", "ngram", "--cot-cap", "4", "--log-level", "warning",
+    args = [
+        "--model", MODEL, "--host", "127.0.0.1", "--num-slots", "4", "--max-len", "2048",
+        "--speculation", "ngram", "--cot-cap", "4", "--log-level", "warning",
     ]  # fmt: skip
-    log_path = tmp_path_factory.mktemp("agents") / "server.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up:\n" + log_path.read_text()
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with serve_process(args, tmp_path_factory.mktemp("agents") / "server.log", stop_timeout=20) as server:
+        yield server.url
 
 
 def _agent(calls: list[dict], speculation: dict | None) -> Agent:

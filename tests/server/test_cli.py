@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
@@ -17,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from selfspec.server.cli import build_defaults, serve_command
+from selfspec.testing.serve_process import serve_process
 
 
 @pytest.fixture(scope="module")
@@ -164,70 +160,22 @@ def test_defaults_from_flags():
     assert build_defaults().ssr is None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_process_end_to_end(tmp_path):
     """`python -m selfspec.server` with flags: key required, SSR on by default, clean exit."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "selfspec.server",
-        "--model",
-        "tiny",
-        "--port",
-        str(port),
-        "--num-slots",
-        "4",
-        "--api-key",
-        "k3y",
-        "--ssr",
-        "--draft-budget",
-        "4",
-        "--cot-cap",
-        "10",
-        "--answer-cap",
-        "8",
-        "--log-level",
-        "warning",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log_path = tmp_path / "server.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
-        assert httpx.get(url + "/v1/models").status_code == 401
-        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
+    args = [
+        "--model", "tiny", "--num-slots", "4", "--api-key", "k3y", "--ssr", "--draft-budget", "4",
+        "--cot-cap", "10", "--answer-cap", "8", "--log-level", "warning",
+    ]  # fmt: skip
+    with serve_process(args, tmp_path / "server.log", startup_timeout=60, stop_timeout=20) as server:
+        assert httpx.get(server.url + "/v1/models").status_code == 401
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k3y", max_retries=0)
         try:
             out = client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=30
             )
         except openai.APIError as exc:
-            pytest.fail(f"{exc}\nserver log:\n{log_path.read_text()}")
+            pytest.fail(f"{exc}\nserver log:\n{server.log()}")
         assert out.usage.selfspec["mode"] == "ssr"
         assert out.usage.selfspec["drafts"] == 1
         assert out.usage.selfspec["cot_tokens"] == 10
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-    assert process.returncode == 0, log_path.read_text()
+    assert server.process.returncode == 0, server.log()

@@ -14,16 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Literal
 
-import httpx
 import pytest
 
 pytest.importorskip("xgrammar")
@@ -33,6 +26,8 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 
+from selfspec.testing.serve_process import serve_process  # noqa: E402
+
 CITIES = ("Paris", "Rome")
 
 
@@ -40,12 +35,6 @@ CITIES = ("Paris", "Rome")
 def get_weather(city: Literal["Paris", "Rome"]) -> str:
     """The weather today in a city."""
     return json.dumps({"city": city, "sky": "sunny", "celsius": 21})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(
@@ -63,15 +52,9 @@ def _free_port() -> int:
 )
 def server(request, tmp_path_factory):
     """`python -m selfspec.server` with the packaged tool template and prompt lookup on; its URL and log."""
-    port = _free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "selfspec.server",
+    args = [
         "--model",
         request.param,
-        "--port",
-        str(port),
         "--num-slots",
         "4",
         "--max-len",
@@ -85,31 +68,8 @@ def server(request, tmp_path_factory):
         "warning",
     ]
     log_path: Path = tmp_path_factory.mktemp("langchain") / "server.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up:\n" + log_path.read_text()
-            time.sleep(0.3)
-        yield request.param, url, log_path
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    with serve_process(args, log_path, startup_timeout=180) as server:
+        yield request.param, server.url, log_path
 
 
 def _chat(server, **kwargs) -> ChatOpenAI:
