@@ -21,8 +21,7 @@ lets its exception through, and the server's engine loop fails the live requests
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from selfspec.engine.policy import Proposal, trimmed_proposal
 from selfspec.engine.sequence import FinishReason
@@ -48,14 +47,25 @@ def error_detail(stage: str, exc: BaseException) -> str:
     return f"internal error while {STAGES.get(stage, stage)}: {type(exc).__name__}: {exc}"
 
 
-@contextmanager
-def guard(engine: Engine, seq: Sequence, stage: str) -> Iterator[None]:
-    """Run one sequence's stage; an exception fails that sequence's request (`fail_request`)
-    and goes no further. The caller checks `seq.is_finished` afterwards."""
-    try:
-        yield
-    except Exception as exc:  # noqa: BLE001 - any method bug must stay inside its request
-        fail_request(engine, seq, stage, exc)
+class guard:
+    """Run one sequence's stage (`with guard(engine, seq, stage): ...`); an exception fails that
+    sequence's request (`fail_request`) and goes no further. The caller checks `seq.is_finished`
+    afterwards. A plain class, not a generator context manager: it wraps several stages of every
+    row of every step, where a generator's setup is the larger cost."""
+
+    __slots__ = ("engine", "seq", "stage")
+
+    def __init__(self, engine: Engine, seq: Sequence, stage: str) -> None:
+        self.engine, self.seq, self.stage = engine, seq, stage
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or not isinstance(exc, Exception):  # KeyboardInterrupt and the like go on
+            return False
+        fail_request(self.engine, self.seq, self.stage, exc)  # any method bug stays inside its request
+        return True
 
 
 def fail_request(engine: Engine, seq: Sequence, stage: str, exc: BaseException) -> None:
