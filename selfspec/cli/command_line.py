@@ -32,11 +32,8 @@ def fail(message: str) -> None:
 
 
 def auto_device_and_dtype(device: str, dtype: str) -> tuple[str, str]:
-    """Resolve "auto": CUDA when present; bfloat16 on CUDA, float32 elsewhere."""
-    import torch
+    """Resolve "auto": CUDA when present; bfloat16 on CUDA, float32 elsewhere (the server's rule,
+    `selfspec.server.cli.resolve_device_dtype`, so every command resolves it alike)."""
+    from selfspec.server.cli import resolve_device_dtype
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    return device, dtype
+    return resolve_device_dtype(device, dtype)
