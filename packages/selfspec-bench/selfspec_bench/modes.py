@@ -32,14 +32,15 @@ ENGINE_MODES = (
     "suffix+lookup",
     "sps",
     "ssr-off",
+    "auto",
 )
 SSR_MODES = tuple(
     m
     for m in ENGINE_MODES
     if m not in ("baseline", "ssr-off", "suffix-decoding", "prompt-lookup", "suffix+lookup", "sps")
 )
-"""The SSR methods (fixed budgets, gated, composed, iterative): every engine mode but the baseline, the
-peers and ssr-off (drafts thrown away: drafting's cost alone)."""
+"""Our methods (SSR with fixed budgets, gated, composed, iterative; `auto`, the default policy): every
+engine mode but the baseline, the peers and ssr-off (drafts thrown away: drafting's cost alone)."""
 EXTERNAL_MODES = ("hf-generate", "hf-prompt-lookup")
 CONVERGE_TOKENS = 32
 """iterative-converge's agreement length unless --converge-tokens says otherwise."""
@@ -109,6 +110,10 @@ def spec_for(mode: str, s: BenchSettings):
     )
     if mode == "baseline":
         return None
+    if mode == "auto":  # the default a user gets: no knob of the bench applies
+        from selfspec.spec.auto import AutoConfig
+
+        return AutoConfig()
     if mode in ("prefix", "suffix", "prefix+suffix"):
         return SSRConfig(draft_budgets=[s.draft_budget], reuse=mode, **ssr)
     if mode in COMPOSED_MODES:  # prefix+suffix, and the CoT (then the answer past the draft) speculated too

@@ -48,8 +48,9 @@ class Timed:
     tokens: int
 
 
-def load_records(inputs: Iterable[Path]) -> list[tuple[dict[str, Any], Schedule | None]]:
-    """Every record of the inputs with its decoded schedule (None for skip records).
+def load_records(inputs: Iterable[Path], samples: int | None = None) -> list[tuple[dict[str, Any], Schedule | None]]:
+    """Every record of the inputs with its decoded schedule (None for skip records); with
+    `samples`, only the records of each file's first `samples` samples (every mode of them).
 
     All schedules are checked before anything runs: a record without one fails here, named by
     file, line, sample and mode, rather than after the GPU time of the records before it."""
@@ -61,9 +62,14 @@ def load_records(inputs: Iterable[Path]) -> list[tuple[dict[str, Any], Schedule 
             lines = list(iter_jsonl(path, bad_lines="skip-last"))
         except JsonlError as exc:
             raise ReplayError(str(exc)) from None
+        kept: list[Any] = []
         for lineno, rec in lines:
             if not isinstance(rec, dict) or "sample_id" not in rec or "mode" not in rec:
                 raise ReplayError(f"{path}:{lineno}: not a bench record (needs 'sample_id' and 'mode')")
+            if samples is not None and rec["sample_id"] not in kept:
+                if len(kept) >= samples:
+                    continue
+                kept.append(rec["sample_id"])
             if rec["mode"] == SKIPPED:
                 out.append((rec, None))
                 continue
@@ -199,9 +205,12 @@ def replay_files(
     host_scale: float = 1.0,
     warm_forwards: int = 8,
     progress: bool = True,
+    cost_model: Path | None = None,
+    samples: int | None = None,
 ) -> list[dict[str, Any]]:
     """Replay every record of `inputs` at `shape` and write the projected records to `out`
-    (replaced). Returns them."""
+    (replaced). Returns them. `samples`: only each file's first that many samples. With `cost_model` (a `selfspec bench step-grid` fit of this shape),
+    each record also gets the model's prediction of its forward time (`replay.model_gpu_s`)."""
     from tqdm import tqdm
 
     from selfspec.run_info import device_name, library_versions
@@ -216,7 +225,15 @@ def replay_files(
         raise ReplayError(f"unknown dtype {dtype!r}; choose float32, bfloat16 or float16")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ReplayError(f"--device {device}: no CUDA device here")
-    records = load_records(inputs)
+    predictor = None
+    if cost_model is not None:
+        from selfspec.engine.cost_model import StepCostModel
+
+        try:
+            predictor = StepCostModel.load(cost_model)
+        except (OSError, ValueError) as exc:
+            raise ReplayError(f"--cost-model {cost_model}: {exc}") from None
+    records = load_records(inputs, samples)
     schedules = [s for _, s in records if s is not None]
     model = shaped_model(shape, torch_dtype, device)
     runner = replay_runner(model, schedules) if schedules else None
@@ -230,7 +247,12 @@ def replay_files(
             continue
         if warm_forwards:  # this sample's prefill shape and first steps, untimed (the bench's short runs)
             replay(runner, schedule, limit=warm_forwards)
-        written.append(projected(rec, schedule, replay(runner, schedule), host_scale, about))
+        rec_out = projected(rec, schedule, replay(runner, schedule), host_scale, about)
+        if predictor is not None:
+            from selfspec_bench.step_grid import schedule_seconds
+
+            rec_out["replay"]["model_gpu_s"] = schedule_seconds(predictor, schedule.forwards)
+        written.append(rec_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         out.unlink()

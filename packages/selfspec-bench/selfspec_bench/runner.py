@@ -127,6 +127,7 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         "thinking_verify_steps": m.get("thinking_verify_steps"),
         "answer_forwards": m.get("answer_forwards"),
         "draft_gate": m.get("draft_gate"),
+        "auto": m.get("auto"),  # what the default policy chose and why (path, lengths, per-source counts)
         "oracle_speedup": (cot + len(answer)) / (cot + 1) if cot else None,
         "output_hash": token_hash(r.token_ids),
         "answer_distinct4": distinct_ngram_ratio(answer),

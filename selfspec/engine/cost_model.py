@@ -1,0 +1,177 @@
+"""A fitted step-cost model: what one forward of a model costs on a device, from a few numbers.
+
+Why: a speculation policy needs the cost of shapes it has not run yet (a 32-token verify, a
+second row, a batch of 16) to decide whether to propose at all, and what-if questions ("what
+would this run cost at 8B on an H100?") need step times without a GPU. Timing every shape
+takes a GPU session; a model with a handful of coefficients per (shape, device) fitted to a
+measured grid (`selfspec bench step-grid`) answers both, and is small enough to commit as data.
+
+The form follows where a forward's time goes:
+
+    t = fixed                                   weights read once + launches (bandwidth-bound floor)
+      + per_row   * (rows - 1)                  per-row work that does not shrink with the batch
+      + per_token * tokens                      GEMM tiles growing below the compute knee
+      + compute   * max(0, tokens - knee)       compute-bound GEMMs past the knee
+      + kv_read   * rows * keys                 attention reading each row's keys
+      + attn      * tokens * keys               attention's query x key work
+
+with `tokens` = rows x tokens per row (all fed tokens) and `keys` the key length a row attends
+over. Static forwards (CUDA graphs) pad a step to its bucket shape, so the model rounds rows,
+tokens per row and keys up to the buckets the engine captured, as the engine does, before the
+formula; a shape beyond the buckets runs eagerly at its real size.
+
+The fit is linear least squares on relative error (each point weighted by 1/t, so a 1 ms step
+and a 40 ms step count alike) for each candidate knee, keeping every coefficient >= 0 (a
+negative coefficient is dropped and the rest refitted); the knee with the smallest error wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+TERMS = ("fixed", "per_row", "per_token", "compute", "kv_read", "attn")
+"""The model's coefficients, in the order of `features`."""
+KNEES = (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+"""Candidate fed-token counts where GEMMs turn compute-bound (H100/H200 bf16: a few hundred)."""
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured step shape: `rows` rows of `tokens` tokens each over `keys` keys per row."""
+
+    rows: int
+    tokens: int
+    keys: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The static forwards' shape rounding (`static_forward.GraphBuckets`), or none (eager)."""
+
+    batch: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    min_keys: int = 0
+    max_len: int = 0
+
+    def round(self, rows: int, tokens: int, keys: int) -> tuple[int, int, int]:
+        """The shape a forward of this size runs at (padded up to its bucket, if it has one)."""
+        row_b = next((b for b in self.batch if b >= rows), None)
+        tok_b = next((b for b in self.tokens if b >= tokens), None)
+        if row_b is None or tok_b is None or not self.min_keys:
+            return rows, tokens, keys  # eager: the real size
+        size = self.min_keys
+        while size < keys:
+            size *= 2
+        return row_b, tok_b, min(size, self.max_len) if self.max_len else size
+
+
+def features(rows: int, tokens: int, keys: int, knee: int) -> np.ndarray:
+    """The terms of the module docstring's formula for one (bucketed) shape."""
+    fed = rows * tokens
+    return np.array(
+        [1.0, rows - 1.0, float(fed), float(max(0, fed - knee)), float(rows * keys), float(fed * keys)],
+        dtype=np.float64,
+    )
+
+
+@dataclass
+class StepCostModel:
+    """Seconds per forward of one model shape on one device (module docstring)."""
+
+    coefficients: dict[str, float]
+    knee: int
+    buckets: Buckets = field(default_factory=Buckets)
+    shape: str = ""
+    device: str = ""
+    dtype: str = ""
+    fit_error: dict[str, float] = field(default_factory=dict)
+
+    def seconds(self, rows: int, tokens: int = 1, keys: int = 1) -> float:
+        """Predicted seconds of a forward of `rows` rows of `tokens` tokens over `keys` keys."""
+        if rows < 1 or tokens < 1 or keys < 1:
+            raise ValueError(f"a forward needs rows, tokens and keys >= 1, got {rows}, {tokens}, {keys}")
+        x = features(*self.buckets.round(rows, tokens, keys), self.knee)
+        return float(x @ np.array([self.coefficients[t] for t in TERMS]))
+
+    def relative_errors(self, points: Iterable[StepPoint]) -> list[float]:
+        """(predicted - measured) / measured per point."""
+        return [(self.seconds(p.rows, p.tokens, p.keys) - p.seconds) / p.seconds for p in points]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["buckets"] = {k: list(v) if isinstance(v, tuple) else v for k, v in out["buckets"].items()}
+        out["form"] = "t = " + " + ".join(TERMS) + " (selfspec.engine.cost_model)"
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepCostModel:
+        missing = [t for t in TERMS if t not in data.get("coefficients", {})]
+        if missing or "knee" not in data:
+            raise ValueError(f"not a step-cost model: missing {missing or ['knee']}")
+        b = data.get("buckets") or {}
+        return cls(
+            coefficients={t: float(data["coefficients"][t]) for t in TERMS},
+            knee=int(data["knee"]),
+            buckets=Buckets(
+                batch=tuple(b.get("batch", ())),
+                tokens=tuple(b.get("tokens", ())),
+                min_keys=int(b.get("min_keys", 0)),
+                max_len=int(b.get("max_len", 0)),
+            ),
+            shape=data.get("shape", ""),
+            device=data.get("device", ""),
+            dtype=data.get("dtype", ""),
+            fit_error=dict(data.get("fit_error", {})),
+        )
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> StepCostModel:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: drop the most negative term, refit, repeat."""
+    active = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        if not active:
+            return coef
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        coef[active] = sol
+        if (sol >= 0).all():
+            return coef
+        active.pop(int(np.argmin(sol)))
+
+
+def fit(
+    points: Sequence[StepPoint], buckets: Buckets = Buckets(), knees: Iterable[int] = KNEES, **about
+) -> StepCostModel:
+    """The model of the module docstring fitted to `points` (relative least squares, every
+    coefficient >= 0, the best of the candidate knees)."""
+    if len(points) < len(TERMS):
+        raise ValueError(f"a fit needs at least {len(TERMS)} measured shapes, got {len(points)}")
+    if any(p.seconds <= 0 for p in points):
+        raise ValueError("measured seconds must be > 0")
+    shapes = [buckets.round(p.rows, p.tokens, p.keys) for p in points]
+    y = np.array([p.seconds for p in points])
+    best: tuple[float, int, np.ndarray] | None = None
+    for knee in knees:
+        x = np.stack([features(*s, knee) for s in shapes]) / y[:, None]  # relative: divide by t
+        coef = _nonnegative_lstsq(x, np.ones(len(points)))
+        err = float(np.sqrt(np.mean((x @ coef - 1.0) ** 2)))
+        if best is None or err < best[0]:
+            best = (err, knee, coef)
+    assert best is not None
+    model = StepCostModel(dict(zip(TERMS, map(float, best[2]))), best[1], buckets, **about)
+    errs = np.abs(model.relative_errors(points))
+    model.fit_error = {"points": len(points), "rms": best[0], "max_abs": float(errs.max())}
+    return model
