@@ -9,10 +9,16 @@ This forward uses the module's own parameters (checkpoint names, stable across v
 the runner's `SlotStateCache`, and is installed per instance behind a dispatch that is active
 only inside the runner's forwards: `generate` on the same model runs transformers' code.
 
-Numerics follow transformers' torch path: the conv over `[state | tokens]` as in
-`causal_conv1d_update`, the token-by-token recurrence of `torch_recurrent_gated_delta_rule`
-for decode and verify chunks (every intermediate state is kept for rollback), and the
-modeling module's own `torch_chunk_gated_delta_rule` for longer chunks (prefill pieces).
+The delta rule runs flash-linear-attention's Triton kernels where `fla_kernels` says they can
+(CUDA, fla installed, `SELFSPEC_FLA` not 0): the fused recurrent kernel for decode, verify
+chunks and short pieces, the chunked kernel for long prefill pieces. Verify chunks then keep
+their inputs and initial state, and `settle` re-runs the recurrence over the accepted prefix
+(`SlotStateCache` rollback `"recompute"`). Elsewhere numerics follow transformers' torch path:
+the conv over `[state | tokens]` as in `causal_conv1d_update`, the token-by-token recurrence
+of `torch_recurrent_gated_delta_rule` for decode and verify chunks (every intermediate state
+is kept for rollback under `"snapshots"`), and the modeling module's own
+`torch_chunk_gated_delta_rule` for longer chunks (prefill pieces). The conv stays torch on
+both paths (a gather and a depthwise conv over a window of K + T columns).
 
 Nothing in the forward reads a device value on the host: rows, slots, padding and fresh rows come
 as device tensors (`SlotStateCache` routing) and the loop lengths from shapes, so a static forward
@@ -21,6 +27,7 @@ of a fixed bucket can be captured in a CUDA graph and replayed for any step of t
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import types
@@ -29,11 +36,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from selfspec.engine import fla_kernels
 from selfspec.engine.state_cache import LinearLayerSpec, SlotStateCache
 
 RECURRENT_MAX_TOKENS = 1
 """Chunks up to this many tokens without snapshots run the token-by-token recurrence (decode);
-longer ones the chunked kernel. Verify chunks always run the recurrence (they need snapshots)."""
+longer ones the chunked kernel. Verify chunks always run the recurrence (snapshots, or the
+kernel `settle` re-runs)."""
 
 _active = threading.local()
 
@@ -175,13 +184,14 @@ def recurrent_rule(query, key, value, g, beta, initial_state, keep_states: bool)
 
 
 def _chunk_rule(module) -> Callable:
-    """The modeling module's chunked delta rule (transformers' torch path, or the kernel it
-    resolved at import, e.g. flash-linear-attention on a GPU)."""
+    """The modeling module's chunked delta rule, transformers' torch path. Unwrapped: where fla
+    is installed, transformers wraps it to dispatch CUDA inputs to fla, and the engine's torch
+    path (fla off or unusable, `fla_kernels`) must stay torch."""
     modeling = sys.modules.get(type(module).__module__)
     rule = getattr(modeling, "torch_chunk_gated_delta_rule", None)
     if rule is None:
         raise RuntimeError(f"{type(module).__module__} has no torch_chunk_gated_delta_rule")
-    return rule
+    return inspect.unwrap(rule)
 
 
 def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> torch.Tensor:
@@ -209,8 +219,18 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
     pad_cols = (~real).unsqueeze(-1)
     beta = beta.masked_fill(pad_cols, 0)
     g = g.masked_fill(pad_cols, 0)
-    if routing.snapshots or seq_len <= RECURRENT_MAX_TOKENS:
-        core, final, states = recurrent_rule(query, key, value, g, beta, rec_state, routing.snapshots)
+    keep_states = routing.snapshots and cache.rollback == "snapshots"
+    states = None
+    if keep_states:
+        core, final, states = recurrent_rule(query, key, value, g, beta, rec_state, True)
+    elif fla_kernels.applies(query.device):
+        if routing.snapshots or seq_len < fla_kernels.CHUNK_MIN_TOKENS:
+            # Verify chunks always run the kernel that `settle` re-runs over the accepted prefix.
+            core, final = fla_kernels.recurrent(query, key, value, g, beta, rec_state)
+        else:
+            core, final = fla_kernels.chunked(query, key, value, g, beta, rec_state)
+    elif routing.snapshots or seq_len <= RECURRENT_MAX_TOKENS:
+        core, final, _ = recurrent_rule(query, key, value, g, beta, rec_state, False)
     else:
         core, final = _chunk_rule(module)(
             query,
@@ -222,7 +242,9 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
         )
-        states = None
-    cache.write(layer, window, states, final)
+    inputs = None
+    if routing.snapshots and not keep_states:  # rollback by recompute: the chunk's inputs
+        inputs = (conv_out.transpose(1, 2), g, beta, rec_state)
+    cache.write(layer, window, states, final, inputs)
     core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(core.reshape(batch, seq_len, -1))
