@@ -62,9 +62,12 @@ USABLE, REASON = _resolve()
 """Whether the engine runs fla's kernels on CUDA tensors, and why (not)."""
 
 
-def applies(device: torch.device) -> bool:
-    """Whether tensors on `device` run fla's kernels (fla usable and the device is CUDA)."""
-    return USABLE and device.type == "cuda"
+def applies(device: torch.device, dtype: torch.dtype | None = None) -> bool:
+    """Whether tensors on `device` of `dtype` run fla's kernels: fla usable, the device CUDA, and
+    not float32. Triton's dots round fp32 inputs to TF32, which moved an fp32 Qwen3.5-4B's logits
+    by ~0.5% of their scale on an H100; an fp32 engine is the one users run to get the eager
+    model's numbers, so it keeps the torch path."""
+    return USABLE and device.type == "cuda" and dtype != torch.float32
 
 
 def recurrent(query, key, value, g, beta, initial_state, kernel: Kernel | None = None):

@@ -223,7 +223,7 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
     states = None
     if keep_states:
         core, final, states = recurrent_rule(query, key, value, g, beta, rec_state, True)
-    elif fla_kernels.applies(query.device):
+    elif fla_kernels.applies(query.device, query.dtype):
         if routing.snapshots or seq_len < fla_kernels.CHUNK_MIN_TOKENS:
             # Verify chunks always run the kernel that `settle` re-runs over the accepted prefix.
             core, final = fla_kernels.recurrent(query, key, value, g, beta, rec_state)

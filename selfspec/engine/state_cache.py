@@ -363,7 +363,7 @@ class SlotStateCache:
         key = key.reshape(1, kept, -1, spec.k_dim)
         value = value.reshape(1, kept, spec.heads, spec.v_dim)
         g, beta, initial = g.unsqueeze(0), beta.unsqueeze(0), initial.unsqueeze(0)
-        if fla_kernels.applies(qkv.device):
+        if fla_kernels.applies(qkv.device, qkv.dtype):
             _, final = fla_kernels.recurrent(query, key, value, g, beta, initial)
         else:
             from selfspec.engine.linear_attention import recurrent_rule  # the layer's module imports this one

@@ -162,6 +162,11 @@ def test_fla_is_resolved_from_the_switch_the_device_and_the_import(monkeypatch):
     # This machine: no CUDA, so the engine runs the torch path and keeps per-position snapshots.
     assert not fla_kernels.applies(torch.device("cpu"))
     assert state_cache.default_rollback("cpu") == "snapshots"
+    # Where fla runs, an fp32 model still keeps the torch path (Triton's dots round fp32 to TF32).
+    monkeypatch.setattr(fla_kernels, "USABLE", True)
+    assert fla_kernels.applies(torch.device("cuda"), torch.bfloat16)
+    assert not fla_kernels.applies(torch.device("cuda"), torch.float32)
+    assert not fla_kernels.applies(torch.device("cpu"), torch.bfloat16)
 
 
 def _interpreted(code: str) -> dict:
@@ -232,7 +237,7 @@ def test_engine_on_the_fla_path_matches_generate_interpreted():
             return fla_kernels.__dict__["_recurrent"](*args, kernel=kernel)
         fla_kernels._recurrent = fla_kernels.recurrent
         fla_kernels.recurrent = recurrent
-        fla_kernels.applies = lambda device: True
+        fla_kernels.applies = lambda device, dtype=None: True
         import tests.engine.test_fla_kernels as t
         engine, seqs, refs, policies = t._speculate(t._model("qwen3_5"), 2, 3, False, n=10)
         print(json.dumps({
