@@ -135,7 +135,8 @@ class Engine:
             self.config.num_slots, self.config.prefill_chunk, self.config.max_prefill_tokens_per_step
         )
         self.steps = 0
-        self.step_costs = StepCosts()  # measured forward costs, read by cost-aware policies
+        static = self.runner.static  # padded forwards cost their bucket: step costs are kept per bucket
+        self.step_costs = StepCosts(static.buckets.tokens if static is not None else None)
         self._by_request: dict[str, list[Sequence]] = {}
         self.failing_requests: set[str] = set()  # requests being ended by `isolation.fail_request`
 

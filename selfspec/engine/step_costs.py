@@ -7,20 +7,34 @@ devices: on an H200 a second decode row costs ~1-5% of a step, on a 2-core CPU i
 anywhere from 6% to 110% depending on the BLAS path. So the engine does not assume: it keeps
 the wall time of its own forwards by shape, and policies read the ratios.
 
-Only homogeneous steps are recorded (every row feeds the same number of tokens), so a sample
-is the cost of exactly one shape: `rows` rows of `tokens` tokens each. Medians over a window
-keep a noisy machine's stalls (another process, a page fault) out of the estimate.
+Two ways a step's time maps to a shape, by how the engine runs it:
+
+- static forwards (CUDA graphs, `token_buckets` given): a step is padded to its rows' longest
+  chunk's token bucket, so it costs that bucket's forward whatever its rows feed. Every step,
+  mixed or not, is a sample of (rows, bucket), kept as the step's seconds.
+- eager forwards (a CPU): a step costs what it feeds. Only homogeneous steps are recorded (every
+  row feeds the same number of tokens), as seconds per fed token, so a sample is the cost of
+  exactly one shape; token counts are grouped by powers of two.
+
+Medians over a window keep a noisy machine's stalls (another process, a page fault) out of the
+estimate; each shape's median is computed once per change of its samples (policies ask for
+a dozen shapes per row and step).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from typing import Any, Callable, Sequence
 
 WINDOW = 48
 """Samples kept per shape: enough for a stable median, few enough to follow a change of load."""
 MIN_SAMPLES = 4
 """Samples a shape needs before its median is used."""
+MEMO_STEPS = 16
+"""Derived figures (`memo`) are recomputed after this many observations, or at once when a shape
+becomes measured: medians over a 48-step window move slowly, and recomputing a cost table on every
+step cost a large share of a GPU step's host time."""
 
 
 def _bucket(tokens: int) -> int:
@@ -29,30 +43,76 @@ def _bucket(tokens: int) -> int:
 
 
 class StepCosts:
-    """Wall seconds per forward and fed token, by (rows, tokens per row bucket), over the last
-    `WINDOW` steps of each. For decode steps (one token per row) that is the step's time."""
+    """Wall seconds of a step by (rows, tokens-per-row bucket), over the last `WINDOW` steps of
+    each shape (module docstring: padded steps by their bucket, eager ones per fed token)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_buckets: Sequence[int] | None = None) -> None:
+        self.token_buckets = tuple(token_buckets) if token_buckets else None
         self._samples: dict[tuple[int, int], deque[float]] = {}
+        self._medians: dict[tuple[int, int], float] = {}
+        self._memo: dict[Any, Any] = {}
+        self.version = 0  # observations so far
+        self._memo_version = 0  # when the memo was last cleared
+
+    @property
+    def padded(self) -> bool:
+        """Whether steps cost their padded bucket (static forwards) rather than what they feed."""
+        return self.token_buckets is not None
+
+    def bucket(self, tokens: int) -> int | None:
+        """The shape bucket of a row of `tokens` tokens (None: beyond the static forwards' buckets,
+        a step that runs eagerly and is not a verify)."""
+        if self.token_buckets is None:
+            return _bucket(tokens)
+        return next((b for b in self.token_buckets if b >= tokens), None)
 
     def observe(self, row_tokens: list[int], seconds: float) -> None:
-        """One step ran rows feeding `row_tokens` tokens each in `seconds`. Mixed steps are
-        ignored: their time belongs to no single shape."""
-        if not row_tokens or seconds <= 0 or min(row_tokens) != max(row_tokens):
+        """One step ran rows feeding `row_tokens` tokens each in `seconds`."""
+        if not row_tokens or seconds <= 0:
             return
-        key = (len(row_tokens), _bucket(row_tokens[0]))
+        if self.padded:
+            bucket = self.bucket(max(row_tokens))
+            if bucket is None:
+                return
+            value = seconds
+        else:
+            if min(row_tokens) != max(row_tokens):
+                return  # an eager mixed step's time belongs to no single shape
+            bucket, value = _bucket(row_tokens[0]), seconds / row_tokens[0]
+        key = (len(row_tokens), bucket)
         samples = self._samples.get(key)
         if samples is None:
             samples = self._samples[key] = deque(maxlen=WINDOW)
-        samples.append(seconds / row_tokens[0])
+        samples.append(value)
+        self._medians.pop(key, None)
+        self.version += 1
+        if len(samples) == MIN_SAMPLES or self.version - self._memo_version >= MEMO_STEPS:
+            self._memo.clear()
+            self._memo_version = self.version
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per `MEMO_STEPS` observations (or a newly measured shape): figures
+        policies derive from the samples (a fitted line, a cost table) are asked for by every row
+        of every step."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def _median(self, key: tuple[int, int]) -> float:
+        value = self._medians.get(key)
+        if value is None:
+            value = self._medians[key] = statistics.median(self._samples[key])
+        return value
 
     def seconds(self, rows: int, tokens: int = 1, min_samples: int = MIN_SAMPLES) -> float | None:
         """Median seconds of a step of `rows` rows of `tokens` tokens each (from the steps of the
-        same token bucket); None until measured."""
-        samples = self._samples.get((rows, _bucket(tokens)))
+        same bucket); None until measured."""
+        bucket = self.bucket(tokens)
+        samples = None if bucket is None else self._samples.get((rows, bucket))
         if samples is None or len(samples) < min_samples:
             return None
-        return statistics.median(samples) * tokens
+        median = self._median((rows, bucket))
+        return median if self.padded else median * tokens
 
     def row_cost(self, rows: int) -> float | None:
         """What one more row adds to a step of `rows` rows, as a fraction of that step (0.05: 5%
@@ -83,23 +143,24 @@ class StepCosts:
         buckets = sorted(t for r, t in self._samples if r == 1 and t > 1)
         if not buckets:
             return None
-        per_token = statistics.median(self._samples[(1, buckets[-1])])
+        longest = buckets[-1]
+        per_token = self._median((1, longest)) / (longest if self.padded else 1)
         return per_token / decode
 
     def step_seconds(self, min_samples: int = MIN_SAMPLES) -> dict[tuple[int, int], float]:
         """Median seconds of a step per measured shape (rows, tokens-per-row bucket), taking a
         row's tokens as its bucket: the points a cost model of all shapes is fitted to."""
         return {
-            (rows, bucket): statistics.median(s) * bucket
+            (rows, bucket): self._median((rows, bucket)) * (1 if self.padded else bucket)
             for (rows, bucket), s in self._samples.items()
             if len(s) >= min_samples
         }
 
     def summary(self) -> dict[str, float]:
         """Median milliseconds per fed token and shape bucket ("2x1": two rows of one token, a
-        decode step; "1x64": one row of 33-64 tokens), for reports."""
+        decode step; "1x64": one row of a 64-token bucket), for reports."""
         return {
-            f"{rows}x{tokens}": round(1000 * statistics.median(s), 3)
+            f"{rows}x{tokens}": round(1000 * self._median((rows, tokens)) / (tokens if self.padded else 1), 3)
             for (rows, tokens), s in sorted(self._samples.items())
             if s
         }

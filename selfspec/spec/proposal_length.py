@@ -174,6 +174,34 @@ class LengthChoice:
     cost_from: str
 
 
+def candidate_lengths(costs: "StepCosts | None") -> list[int]:
+    """The proposal lengths worth pricing: the coarse grid, and where steps are padded to token
+    buckets (static forwards), every length that fills a bucket (k = bucket - 1): a verify costs
+    its bucket, so a proposal one token into the next bucket pays for all of it."""
+    fillers = {b - 1 for b in costs.token_buckets if b > 1} if costs is not None and costs.padded else set()
+    return sorted(set(CANDIDATES) | fillers)
+
+
+def _priced(costs: "StepCosts | None", rows: int, ks: list[int]) -> list[tuple[int, float, str]]:
+    """(k, cost ratio, where it came from) per length; the fitted line at most once, and only if
+    some length is unmeasured."""
+    line: Any = _NOT_GIVEN
+    out = []
+    for k in ks:
+        if line is _NOT_GIVEN and costs is not None and costs.seconds(rows, 1 + k) is None:
+            line = fitted_line(costs, rows)
+        out.append((k, *cost_ratio(costs, rows, 1 + k, line)))
+    return out
+
+
+def cost_table(costs: "StepCosts | None", rows: int) -> list[tuple[int, float, str]]:
+    """Every candidate length's cost ratio at `rows` rows, computed once per observed step: every
+    row of a step asks, and the figures only change when a step is measured."""
+    if costs is None:
+        return _priced(None, rows, candidate_lengths(None))
+    return costs.memo(("cost_table", rows), lambda: _priced(costs, rows, candidate_lengths(costs)))
+
+
 def choose_length(
     costs: "StepCosts | None",
     rows: int,
@@ -185,21 +213,21 @@ def choose_length(
 ) -> LengthChoice:
     """The k in [0, room] with the most expected tokens per unit step cost; 0 unless some k beats
     a plain step by `margin`, and, beside other rows, none whose step costs more than
-    `max_step_ratio` decode steps (a request alone slows no one but itself: the value rule only)."""
-    candidates = sorted({k for k in CANDIDATES if k <= room} | ({room} if 0 < room < CANDIDATES[-1] else set()))
+    `max_step_ratio` decode steps (a request alone slows no one but itself: the value rule only).
+    Between lengths of equal value the longer wins (same bucket, same cost: more to accept)."""
+    rows = max(1, rows)
+    priced = [entry for entry in cost_table(costs, rows) if entry[0] <= room]
+    if 0 < room < CANDIDATES[-1] and all(k != room for k, _, _ in priced):
+        priced += _priced(costs, rows, [room])
     best = LengthChoice(0, 0, alpha, rows, 1.0, "measured")
     budget_k = 0
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
-    line: Any = _NOT_GIVEN  # fitted at most once per call, and only if a length is unmeasured (hot path)
-    for k in candidates:
-        if line is _NOT_GIVEN and costs is not None and costs.seconds(rows, 1 + k) is None:
-            line = fitted_line(costs, rows)
-        ratio, source = cost_ratio(costs, rows, 1 + k, line)
+    for k, ratio, source in priced:
         if ratio > limit:
             break  # costs grow with k: longer ones are over the budget too
         budget_k = k
         value = expected_tokens(alpha, k) / ratio
-        if value >= margin and value > best.value:
+        if value >= margin and value >= best.value:
             best = LengthChoice(k, 0, alpha, rows, value, source)
     return LengthChoice(best.k, budget_k, alpha, rows, best.value, best.cost_from)
 

@@ -17,15 +17,17 @@ from scipy.stats import chi2_contingency
 
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
-from selfspec.engine.step_costs import StepCosts
+from selfspec.engine.step_costs import MEMO_STEPS, MIN_SAMPLES, StepCosts
 from selfspec.llm import LLM
 from selfspec.spec.auto import AutoConfig
 from selfspec.spec.base import MethodContext
 from selfspec.spec.proposal_length import (
     AcceptanceRate,
     LengthController,
+    candidate_lengths,
     choose_length,
     cost_ratio,
+    cost_table,
     expected_tokens,
 )
 from selfspec.spec.ssr_core import Draft, DraftSchedule
@@ -437,3 +439,64 @@ def test_serve_defaults_to_auto_and_speculation_off_is_plain():
     assert resolve_spec(SelfspecOptions(speculation={"method": "ngram"}), defaults)[1] == "ngram"
     assert resolve_spec(SelfspecOptions(speculation={"method": "auto"}), RequestDefaults())[1] == "auto"
     assert resolve_spec(SelfspecOptions(), RequestDefaults()) == (None, "plain")
+
+
+# ------------------------------------------------------------------ padded (static) step costs
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _bucketed(rows: int, tokens: int) -> float:
+    """An H100 running a 135M model in CUDA graphs: a forward costs its token bucket, ~flat to 16."""
+    bucket = next(b for b in BUCKETS if b >= tokens)
+    return 0.0014 * (1 + 0.004 * bucket) * (1 + 0.05 * (rows - 1))
+
+
+def test_padded_steps_are_priced_by_their_bucket_whatever_their_rows_feed():
+    costs = StepCosts(BUCKETS)
+    for _ in range(4):
+        costs.observe([11], _bucketed(1, 11))  # prompt lookup's 10 + 1: the 16 bucket
+        costs.observe([1], _bucketed(1, 1))
+        costs.observe([11, 3], _bucketed(2, 11))  # a mixed step: padded to 16 as well
+        costs.observe([1, 1], _bucketed(2, 1))
+        costs.observe([300], 0.02)  # a prefill piece beyond the buckets: eager, no verify's price
+    assert costs.padded and costs.bucket(9) == 16 and costs.bucket(65) is None
+    assert costs.seconds(1, 16) == costs.seconds(1, 9) == pytest.approx(_bucketed(1, 16))
+    assert costs.seconds(2, 16) == pytest.approx(_bucketed(2, 16))
+    assert costs.row_cost(1) == pytest.approx(0.05)  # the same shape either way: no per-token skew
+    assert costs.verify_token_cost() == pytest.approx(_bucketed(1, 16) / 16 / _bucketed(1, 1))
+    assert costs.step_seconds() == pytest.approx(
+        {(1, 16): _bucketed(1, 16), (1, 1): _bucketed(1, 1), (2, 16): _bucketed(2, 16), (2, 1): _bucketed(2, 1)}
+    )
+    # Eager steps (a CPU) keep the per-token rule: a 9-token step prices a 16-token one at 16/9.
+    eager = StepCosts()
+    for _ in range(4):
+        eager.observe([9], 0.009)
+    assert eager.seconds(1, 16) == pytest.approx(0.016)
+
+
+def test_on_padded_steps_a_proposal_fills_its_bucket():
+    """A verify costs its bucket: one token past a bucket pays for the next one whole, and within
+    a bucket a longer proposal costs nothing more, so lengths are bucket fillers (k = bucket - 1)."""
+    costs = StepCosts(BUCKETS)
+    for rows in (1, 2):
+        for tokens in BUCKETS:
+            for _ in range(4):
+                costs.observe([tokens] * rows, _bucketed(rows, tokens))
+    assert {3, 7, 15, 31, 63} <= set(candidate_lengths(costs))
+    assert 15 not in candidate_lengths(StepCosts())
+    for alpha in (0.4, 0.7, 0.95):
+        choice = choose_length(costs, rows=1, alpha=alpha, room=64)
+        assert choice.k + 1 in BUCKETS, choice
+    assert choose_length(costs, rows=1, alpha=0.95, room=10).k == 10  # the room itself, where it pays
+    # Priced once per MEMO_STEPS observed steps (every row of every step reads the table), and at
+    # once when a shape becomes measured.
+    before = cost_table(costs, 1)
+    costs.observe([1], _bucketed(1, 1))
+    assert cost_table(costs, 1) is before
+    for _ in range(MEMO_STEPS):
+        costs.observe([1], _bucketed(1, 1))
+    assert cost_table(costs, 1) is not before
+    before = cost_table(costs, 3)
+    for _ in range(MIN_SAMPLES):
+        costs.observe([1] * 3, _bucketed(3, 1))
+    assert cost_table(costs, 3) is not before
