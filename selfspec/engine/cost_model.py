@@ -91,6 +91,7 @@ class StepCostModel:
     device: str = ""
     dtype: str = ""
     fit_error: dict[str, float] = field(default_factory=dict)
+    signature: dict[str, int] = field(default_factory=dict)  # the model config it was measured on
 
     def seconds(self, rows: int, tokens: int = 1, keys: int = 1) -> float:
         """Predicted seconds of a forward of `rows` rows of `tokens` tokens over `keys` keys."""
@@ -128,6 +129,7 @@ class StepCostModel:
             device=data.get("device", ""),
             dtype=data.get("dtype", ""),
             fit_error=dict(data.get("fit_error", {})),
+            signature={k: int(v) for k, v in (data.get("signature") or {}).items()},
         )
 
     def save(self, path: Path) -> None:
@@ -175,3 +177,38 @@ def fit(
     errs = np.abs(model.relative_errors(points))
     model.fit_error = {"points": len(points), "rms": best[0], "max_abs": float(errs.max())}
     return model
+
+
+SIGNATURE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+"""What decides a forward's time in a model config (the weights' values do not)."""
+PRIORS_DIR = Path(__file__).parent / "cost_priors"
+"""Packaged models (`selfspec bench step-grid` fits), one file per model shape and device."""
+
+
+def signature(config) -> dict[str, int]:
+    """The config's shape fields (`SIGNATURE_FIELDS`; a multimodal config's text part)."""
+    config = getattr(config, "text_config", None) or config
+    return {f: int(getattr(config, f)) for f in SIGNATURE_FIELDS if getattr(config, f, None) is not None}
+
+
+def packaged_prior(config, device_name: str, directory: Path = PRIORS_DIR) -> StepCostModel | None:
+    """The packaged step-cost model measured on this model shape and this device, if there is one:
+    what the speculation policy prices unmeasured step shapes with from the first step on."""
+    if config is None or not directory.is_dir():
+        return None
+    wanted = signature(config)
+    for path in sorted(directory.glob("*.json")):
+        try:
+            model = StepCostModel.load(path)
+        except (OSError, ValueError):
+            continue
+        if model.device == device_name and model.signature and model.signature == wanted:
+            return model
+    return None

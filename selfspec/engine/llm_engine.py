@@ -29,7 +29,7 @@ from selfspec.engine.scheduler import Scheduler
 from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
 from selfspec.engine.sizing import eos_ids, model_context_length, slots_from_free_memory
 from selfspec.engine.skinny_gemm import SkinnyGemmTable
-from selfspec.engine.step_costs import StepCosts
+from selfspec.engine.step_costs import engine_step_costs
 from selfspec.engine.verify import VerifyResult, verify_proposal
 
 
@@ -135,8 +135,7 @@ class Engine:
             self.config.num_slots, self.config.prefill_chunk, self.config.max_prefill_tokens_per_step
         )
         self.steps = 0
-        static = self.runner.static  # padded forwards cost their bucket: step costs are kept per bucket
-        self.step_costs = StepCosts(static.buckets.tokens if static is not None else None)
+        self.step_costs = engine_step_costs(self.runner, model)  # read by cost-aware policies
         self._by_request: dict[str, list[Sequence]] = {}
         self.failing_requests: set[str] = set()  # requests being ended by `isolation.fail_request`
 

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from selfspec.engine.cost_model import StepCostModel
 
 WINDOW = 48
 """Samples kept per shape: enough for a stable median, few enough to follow a change of load."""
@@ -46,8 +49,22 @@ class StepCosts:
     """Wall seconds of a step by (rows, tokens-per-row bucket), over the last `WINDOW` steps of
     each shape (module docstring: padded steps by their bucket, eager ones per fed token)."""
 
-    def __init__(self, token_buckets: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        token_buckets: Sequence[int] | None = None,
+        *,
+        prior: "StepCostModel | None" = None,
+        prior_keys: int = 1024,
+        frozen: bool = False,
+    ) -> None:
+        """`prior`: a step-cost model fitted on this model shape and device (`engine.cost_model`),
+        which prices shapes not measured yet (`predicted`), scaled to this engine by the measured
+        one-row decode step once there is one; `prior_keys` the key length it is asked at.
+        `frozen`: observations are ignored (what-if runs that decide as a given device would)."""
         self.token_buckets = tuple(token_buckets) if token_buckets else None
+        self.prior = prior
+        self.prior_keys = prior_keys
+        self.frozen = frozen
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._medians: dict[tuple[int, int], float] = {}
         self._memo: dict[Any, Any] = {}
@@ -68,7 +85,7 @@ class StepCosts:
 
     def observe(self, row_tokens: list[int], seconds: float) -> None:
         """One step ran rows feeding `row_tokens` tokens each in `seconds`."""
-        if not row_tokens or seconds <= 0:
+        if self.frozen or not row_tokens or seconds <= 0:
             return
         if self.padded:
             bucket = self.bucket(max(row_tokens))
@@ -114,6 +131,21 @@ class StepCosts:
         median = self._median((rows, bucket))
         return median if self.padded else median * tokens
 
+    def predicted(self, rows: int, tokens: int = 1) -> float | None:
+        """The prior's seconds for a step of `rows` rows of `tokens` tokens, scaled by how this
+        engine's measured one-row decode step compares with the prior's; None without a prior."""
+        if self.prior is None:
+            return None
+        return self.memo(("predicted", rows, tokens), lambda: self._predicted(rows, tokens))
+
+    def _predicted(self, rows: int, tokens: int) -> float:
+        keys = max(self.prior_keys, tokens)
+        scale = 1.0
+        decode = self.seconds(1)
+        if decode is not None:
+            scale = decode / self.prior.seconds(1, 1, self.prior_keys)
+        return scale * self.prior.seconds(rows, tokens, keys)
+
     def row_cost(self, rows: int) -> float | None:
         """What one more row adds to a step of `rows` rows, as a fraction of that step (0.05: 5%
         slower), at the tokens-per-row bucket the engine ran most often in both shapes. Plain SSR
@@ -130,7 +162,9 @@ class StepCosts:
             if best is None or (count, -bucket) > (best[0], -best[1]):
                 best = (count, bucket)
         if best is None:
-            return None
+            if self.prior is None:
+                return None
+            return max(0.0, self.predicted(rows + 1) / self.predicted(rows) - 1.0)
         base, more = self.seconds(rows, best[1]), self.seconds(rows + 1, best[1])
         return max(0.0, more / base - 1.0)
 
@@ -164,3 +198,16 @@ class StepCosts:
             for (rows, tokens), s in sorted(self._samples.items())
             if s
         }
+
+
+def engine_step_costs(runner, model, device_name: str | None = None) -> StepCosts:
+    """The step costs an engine keeps: per padded bucket where it runs static forwards, with the
+    packaged step-cost prior of this model shape on this device where one was measured."""
+    from selfspec.engine.cost_model import packaged_prior
+    from selfspec.run_info import device_name as name_of
+
+    static = runner.static
+    prior = None
+    if runner.device.type == "cuda":
+        prior = packaged_prior(getattr(model, "config", None), device_name or name_of(runner.device))
+    return StepCosts(static.buckets.tokens if static is not None else None, prior=prior)

@@ -143,7 +143,8 @@ def cost_ratio(
     costs: "StepCosts | None", rows: int, tokens: int, line: tuple[float, float] | None = _NOT_GIVEN
 ) -> tuple[float, str]:
     """Seconds of a step of `rows` rows of `tokens` tokens over a decode step of `rows` rows, and
-    where the figure came from: "measured" (that shape), "fitted" (`fitted_line`; pass `line`
+    where the figure came from: "measured" (that shape), "model" (the engine's step-cost prior,
+    `StepCosts.predicted`), "fitted" (`fitted_line`; pass `line`
     when asking for several lengths at once, it takes a median per measured shape), "prior"
     (nothing measured)."""
     rows = max(1, rows)
@@ -153,6 +154,8 @@ def cost_ratio(
         base, more = costs.seconds(rows, 1), costs.seconds(rows, tokens)
         if base and more:
             return max(1.0, more / base), "measured"
+        if costs.prior is not None:  # a step-cost model of this model and device: every shape priced
+            return max(1.0, costs.predicted(rows, tokens) / costs.predicted(rows, 1)), "model"
         if line is _NOT_GIVEN:
             line = fitted_line(costs, rows)
         if line is not None:
@@ -188,7 +191,7 @@ def _priced(costs: "StepCosts | None", rows: int, ks: list[int]) -> list[tuple[i
     line: Any = _NOT_GIVEN
     out = []
     for k in ks:
-        if line is _NOT_GIVEN and costs is not None and costs.seconds(rows, 1 + k) is None:
+        if line is _NOT_GIVEN and costs is not None and costs.prior is None and costs.seconds(rows, 1 + k) is None:
             line = fitted_line(costs, rows)
         out.append((k, *cost_ratio(costs, rows, 1 + k, line)))
     return out

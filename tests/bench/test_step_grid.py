@@ -191,3 +191,37 @@ def test_a_bad_cost_model_file_stops_the_replay_before_it_runs(tmp_path: Path, t
     records.write_text("")
     result = _invoke(["bench", "replay", str(records), "--shape", tiny_shape, "--out", "o", "--cost-model", str(bad)])
     assert result.exit_code == 2 and "cost-model" in result.output
+
+
+def test_packaged_priors_match_by_model_shape_and_device():
+    from selfspec.engine.cost_model import PRIORS_DIR, packaged_prior, signature
+
+    config = shapes.shaped_config("qwen3-8b")
+    prior = packaged_prior(config, "NVIDIA H100 80GB HBM3")
+    assert prior is not None and prior.shape == "qwen3-8b" and prior.signature == signature(config)
+    assert packaged_prior(config, "NVIDIA H200") is None  # measured on another device: not this one's prior
+    assert packaged_prior(shapes.shaped_config("qwen2-7b"), "NVIDIA H100 80GB HBM3") is None
+    assert packaged_prior(None, "NVIDIA H100 80GB HBM3") is None
+    assert {p.stem for p in PRIORS_DIR.glob("*.json")} >= {"smollm2_h100", "qwen3-4b_h100", "qwen3-8b_h100"}
+
+
+def test_a_prior_prices_unmeasured_shapes_scaled_to_the_measured_decode_step(tiny_shape):
+    from selfspec.engine.step_costs import StepCosts, engine_step_costs
+    from selfspec.spec.proposal_length import choose_length, cost_ratio
+
+    prior = _true_model(buckets=Buckets((1, 2, 4), (1, 4, 16, 64), 128, 4096))
+    costs = StepCosts((1, 4, 16, 64), prior=prior, prior_keys=1024)
+    assert costs.predicted(1, 16) == pytest.approx(prior.seconds(1, 16, 1024))
+    assert cost_ratio(costs, 1, 16) == (pytest.approx(prior.seconds(1, 16, 1024) / prior.seconds(1, 1, 1024)), "model")
+    assert costs.row_cost(1) == pytest.approx(prior.seconds(2, 1, 1024) / prior.seconds(1, 1, 1024) - 1)
+    assert choose_length(costs, rows=1, alpha=0.8, room=64).cost_from == "model"
+    for _ in range(16):  # this engine's decode step is twice the prior's: the prior is scaled to it
+        costs.observe([1], 2 * prior.seconds(1, 1, 1024))
+    assert costs.predicted(1, 16) == pytest.approx(2 * prior.seconds(1, 16, 1024))
+    assert cost_ratio(costs, 1, 1) == (1.0, "measured")
+    frozen = StepCosts((1, 4), prior=prior, frozen=True)
+    frozen.observe([1], 1.0)
+    assert frozen.seconds(1, 1, min_samples=1) is None
+    # An engine on a CPU keeps no prior (the packaged ones were measured on GPUs).
+    runner = grid_runner(shapes.shaped_model(tiny_shape, shapes.torch.float32, "cpu"), rows=1, max_len=64)
+    assert engine_step_costs(runner, None).prior is None

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
-from selfspec.engine.cost_model import Buckets, StepCostModel, StepPoint, fit
+from selfspec.engine.cost_model import Buckets, StepCostModel, StepPoint, fit, signature
 from selfspec.engine.model_runner import Chunk, ModelRunner
 
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
@@ -155,6 +155,7 @@ def run_grid(
     points = measure(runner, rows, tokens, keys, warm=warm, repeats=repeats, progress=progress)
     about = {"shape": shape, "device": device_name(device), "dtype": dtype}
     cost_model, check = fit_grid(points, runner_buckets(runner), **about)
+    cost_model.signature = signature(model.config)
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         **about,
