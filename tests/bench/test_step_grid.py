@@ -225,3 +225,33 @@ def test_a_prior_prices_unmeasured_shapes_scaled_to_the_measured_decode_step(tin
     # An engine on a CPU keeps no prior (the packaged ones were measured on GPUs).
     runner = grid_runner(shapes.shaped_model(tiny_shape, shapes.torch.float32, "cpu"), rows=1, max_len=64)
     assert engine_step_costs(runner, None).prior is None
+
+
+def test_a_what_if_run_decides_on_a_frozen_prior_and_price_sums_its_forwards(tmp_path: Path):
+    """`selfspec bench --step-cost-prior M` decides as M's device would (frozen step costs on the
+    bucketed path); `selfspec bench price` then prices the schedules with M, without a device."""
+    prior = _true_model(buckets=Buckets((1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64), 128, 4096))
+    prior.shape, prior.device, prior.dtype = "big", "NVIDIA H100 80GB HBM3", "bfloat16"
+    model_path = tmp_path / "prior.json"
+    prior.save(model_path)
+    model_dir = save_tiny_model_dir(tmp_path / "m", "qwen3")
+    records = tmp_path / "r.jsonl"
+    limits = ["--cot-cap", "24", "--draft-budget", "8", "--max-draft", "16", "--answer-cap", "16"]
+    result = _invoke(
+        ["bench", "-b", "humaneval", "--limit", "1", "--model", str(model_dir), "--modes", "baseline,auto"]
+        + limits
+        + ["--out", str(records), "--step-cost-prior", str(model_path)]
+    )
+    assert result.exit_code == 0, result.output
+    raw = [json.loads(line) for line in records.read_text().splitlines()]
+    assert all(r["decided_as"] == "big on NVIDIA H100 80GB HBM3 (bfloat16)" for r in raw)
+    assert raw[1]["auto"]["last_choice"]["cost_from"] in ("model", "measured")
+    priced = tmp_path / "p.jsonl"
+    result = _invoke(["bench", "price", str(records), "--cost-model", str(model_path), "--out", str(priced)])
+    assert result.exit_code == 0, result.output
+    for rec, new in zip(raw, (json.loads(line) for line in priced.read_text().splitlines())):
+        forwards = decode(rec["schedule"]).forwards
+        assert new["latency_s"] == pytest.approx(schedule_seconds(prior, forwards))  # host scale 0
+        assert new["measured_latency_s"] == rec["latency_s"] and new["replay"]["host_s"] == 0.0
+    bad = _invoke(["bench", "price", str(records), "--cost-model", str(tmp_path / "none.json"), "--out", "x"])
+    assert bad.exit_code == 2 and "cost-model" in bad.output

@@ -18,12 +18,14 @@ from selfspec_bench.context_fit import fit_to_context
 from selfspec_bench.datasets import load_benchmark
 from selfspec_bench.modes import ALL_MODES, PAPER_ANSWER_CAPS, BenchSettings
 from selfspec_bench.runner import ResumeMismatchError, check_settings, mismatches, record_skipped, run_bench
+from selfspec_bench.timing_cli import app as timing_app
 
 bench_app = typer.Typer(
     help="Latency of every mode against the plain baseline, side by side, on real benchmarks.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
+bench_app.registered_commands += timing_app.registered_commands  # replay, price, step-grid
 console = Console(stderr=True)
 
 
@@ -138,6 +140,11 @@ def bench(
     data_version: Optional[str] = typer.Option(
         None,
         help="thinker/<family> benchmarks: the generators' data version (default: the one the model's adapter was trained on, else thinker-data-v1).",
+    ),
+    step_cost_prior: Optional[str] = typer.Option(
+        None,
+        "--step-cost-prior",
+        help="Decide as the device a step-cost model (`selfspec bench step-grid`) was measured on: the engine's step costs are that model's, frozen, on the bucketed static path (what-if runs for `selfspec bench price`; timings stay this machine's).",
     ),
     record_schedule: bool = typer.Option(
         True,
@@ -260,10 +267,11 @@ def bench(
         max_len=max_len or fit.max_len,
         clamp_max_len=True,
         graph_buckets=buckets,
-        static_shapes=token_buckets is not None,
+        static_shapes=token_buckets is not None or step_cost_prior is not None,
         max_step_tokens=max_step_tokens,
     )
     llm = LLM.from_loaded(loaded, engine_config=engine_config, draft=draft)
+    decided_as = _install_prior(llm, step_cost_prior) if step_cost_prior else None
     meta = {
         "device": device if device == "cpu" else device_name(device),
         "dtype": dtype,
@@ -276,6 +284,7 @@ def bench(
         "engine_max_len": llm.engine.max_len,  # the KV cache shape; bf16 exactness rates are compared per shape
         "inductor": inductor_modes(),  # deterministic / batch-invariant compiled kernels
         "token_buckets": list(buckets.tokens),  # static forwards' token buckets (a bf16 rounding factor)
+        **({"decided_as": decided_as} if decided_as else {}),
     }
     console.print(
         f"{len(samples)} samples x {len(mode_list)} modes -> {out}"
@@ -314,6 +323,20 @@ def bench(
         )  # after run_bench: --fresh clears the file
         if check_exact:
             _print_exactness(mismatches(records), budget if len(budgets) > 1 else None)
+
+
+def _install_prior(llm, path: str) -> str:
+    """Freeze the engine's step costs to a step-cost model's: the policies decide as on its device."""
+    from selfspec.engine.cost_model import StepCostModel
+    from selfspec.engine.step_costs import StepCosts
+
+    try:
+        prior = StepCostModel.load(Path(path))
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/] --step-cost-prior {path}: {exc}")
+        raise typer.Exit(2) from None
+    llm.engine.step_costs = StepCosts(llm.engine.runner.static.buckets.tokens, prior=prior, frozen=True)
+    return f"{prior.shape} on {prior.device} ({prior.dtype})"
 
 
 def _run_on_vllm(ctx, model, samples, modes, settings, budgets, out: Path, dtype: str) -> None:
@@ -427,125 +450,6 @@ def report(
         raise typer.Exit(2)
     console.print(f"report written to {path}")
     print(Path(path).read_text())
-
-
-@bench_app.command()
-def replay(
-    inputs: list[str] = typer.Argument(..., help="JSONL records written by `selfspec bench` with --record-schedule."),
-    shape: str = typer.Option(..., "--shape", help="The model shape to time at (selfspec_bench.shapes.SHAPES)."),
-    out: str = typer.Option(..., "--out", help="JSONL file of the projected records (replaced)."),
-    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    host_scale: float = typer.Option(
-        1.0, "--host-scale", help="Factor on the recorded time between forwards (1.0: the same Python at any size)."
-    ),
-    warm_forwards: int = typer.Option(
-        8, "--warm-forwards", min=0, help="Untimed forwards of each record replayed before its timed replay."
-    ),
-    cost_model: Optional[str] = typer.Option(
-        None,
-        "--cost-model",
-        help="A step-cost model of this shape (`selfspec bench step-grid`): each record also gets its prediction of the forward time (replay.model_gpu_s).",
-    ),
-    samples: Optional[int] = typer.Option(
-        None,
-        "--samples",
-        min=1,
-        help="Only each file's first N samples (every mode of them): a large model's replay costs its runs' GPU time.",
-    ),
-) -> None:
-    """Replay each record's forward schedule on a random-weight model of --shape; write the records
-    with the projected latency (`selfspec bench report OUT` compares the modes at that size)."""
-    from selfspec_bench.replay import ReplayError, replay_files
-    from selfspec_bench.shapes import SHAPES
-
-    if shape not in SHAPES:
-        console.print(f"[red]error:[/] --shape {shape!r}: choose from {', '.join(sorted(SHAPES))}")
-        raise typer.Exit(2)
-    try:
-        records = replay_files(
-            [Path(p) for p in inputs],
-            shape,
-            Path(out),
-            device=device,
-            dtype=dtype,
-            host_scale=host_scale,
-            warm_forwards=warm_forwards,
-            cost_model=Path(cost_model) if cost_model else None,
-            samples=samples,
-        )
-    except ReplayError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    replayed = [r for r in records if "replay" in r]
-    console.print(f"{len(replayed)} records replayed at {shape} -> {out}")
-    for r in replayed:
-        console.print(
-            f"  {r['sample_id']}  {r['mode']}: measured {r['measured_latency_s']:.3f} s, projected {r['latency_s']:.3f} s "
-            f"(forwards {r['replay']['gpu_s']:.3f} s, host {r['replay']['host_s']:.3f} s"
-            + (f", cost model {r['replay']['model_gpu_s']:.3f} s" if "model_gpu_s" in r["replay"] else "")
-            + ")"
-        )
-
-
-def _int_list(option: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        console.print(f"[red]error:[/] {option} {text!r}: a comma list of positive integers")
-        raise typer.Exit(2)
-    return values
-
-
-@bench_app.command("step-grid")
-def step_grid(
-    shape: str = typer.Option(..., "--shape", help="The model shape to time (selfspec_bench.shapes.SHAPES)."),
-    out_dir: str = typer.Option(..., "--out-dir", help="Where <shape>_grid.json and <shape>_cost_model.json go."),
-    device: str = typer.Option("cpu", help="cpu | cuda | cuda:N."),
-    dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16."),
-    rows: str = typer.Option("1,2,4,8,16,32", help="Rows per forward (comma list)."),
-    tokens: str = typer.Option("1,2,4,8,16,32,64", help="Tokens per row (comma list)."),
-    keys: str = typer.Option("256,1024,4096", help="Key lengths a row attends over (comma list)."),
-    warm: int = typer.Option(2, min=1, help="Untimed runs per shape (the first builds its static forward)."),
-    repeats: int = typer.Option(10, min=1, help="Timed runs per shape (the median is kept)."),
-) -> None:
-    """Time the engine's forward over a grid of step shapes on a random-weight model of --shape and
-    fit the step-cost model (selfspec.engine.cost_model); one point in three is held out and checked."""
-    from selfspec_bench.shapes import SHAPES
-    from selfspec_bench.step_grid import run_grid
-
-    if shape not in SHAPES:
-        console.print(f"[red]error:[/] --shape {shape!r}: choose from {', '.join(sorted(SHAPES))}")
-        raise typer.Exit(2)
-    grid = _int_list("--rows", rows), _int_list("--tokens", tokens), _int_list("--keys", keys)
-    try:
-        model, check = run_grid(
-            shape,
-            Path(out_dir),
-            device=device,
-            dtype=dtype,
-            rows=grid[0],
-            tokens=grid[1],
-            keys=grid[2],
-            warm=warm,
-            repeats=repeats,
-        )
-    except ValueError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
-    coef = ", ".join(f"{k} {v:.3g}" for k, v in model.coefficients.items())
-    console.print(f"{shape} on {model.device} ({model.dtype}): knee {model.knee} tokens; {coef}")
-    console.print(
-        f"fit on {model.fit_error['points']} shapes: rms {model.fit_error['rms']:.1%}, max {model.fit_error['max_abs']:.1%}; "
-        + (
-            f"held out {check['held_out']}: mean {check['mean_abs_error']:.1%}, max {check['max_abs_error']:.1%}, "
-            f"{check['within_10pct']} within 10%"
-            if check["held_out"]
-            else "nothing held out"
-        )
-    )
 
 
 def co_tenant_probe(device: str) -> Callable[[], Optional[int]] | None:

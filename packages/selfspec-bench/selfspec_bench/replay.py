@@ -258,3 +258,40 @@ def replay_files(
         out.unlink()
     append_jsonl(out, written)
     return written
+
+
+def price_files(
+    inputs: list[Path], cost_model: Path, out: Path, *, host_scale: float = 0.0, samples: int | None = None
+) -> list[dict[str, Any]]:
+    """Each record of `inputs` with its latency priced by a step-cost model (the sum of its
+    forwards' predicted times + the recorded host time x `host_scale`), written to `out`: a
+    replay without a device, for what-ifs (`selfspec bench --step-cost-prior` runs decide as the
+    model's device would; this prices those decisions on it)."""
+    from selfspec.engine.cost_model import StepCostModel
+    from selfspec.run_info import library_versions
+    from selfspec_bench.step_grid import schedule_seconds
+
+    if host_scale < 0:
+        raise ReplayError(f"--host-scale must be >= 0, got {host_scale}")
+    try:
+        model = StepCostModel.load(cost_model)
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"--cost-model {cost_model}: {exc}") from None
+    about = {
+        "shape": f"{model.shape or 'model'} (cost model)",
+        "device_name": model.device or "unknown device",
+        "dtype": model.dtype,
+        "versions": library_versions(),
+    }
+    written: list[dict[str, Any]] = []
+    for rec, schedule in load_records(inputs, samples):
+        if schedule is None:
+            written.append(dict(rec))
+            continue
+        timed = Timed(schedule_seconds(model, schedule.forwards), len(schedule.forwards), schedule.fed_tokens())
+        written.append(projected(rec, schedule, timed, host_scale, about))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        out.unlink()
+    append_jsonl(out, written)
+    return written
