@@ -76,7 +76,7 @@ def test_v1_data_is_unchanged_and_still_the_default() -> None:
 def test_family_versions_are_picked_like_knobs() -> None:
     assert versions("record_extraction") == versions("arithmetic_search") == [1, 2, 3]
     assert versions("route_finding") == [1, 2, 3, 4]
-    assert versions("class_synthesis") == [1, 2]
+    assert versions("class_synthesis") == [1, 2, 3]
     assert isinstance(get_family("record_extraction", version=2), RecordExtractionV2)
     assert isinstance(get_family("route_finding", version=2, min_stations=6), RouteFindingV2)
     with pytest.raises(KeyError, match="no version 9"):

@@ -167,6 +167,20 @@ HARD_V2_TASK_KNOBS: dict[str, dict[str, Any]] = {
     },
 }
 
+DATA_VERSION_LONG_V1 = "thinker-data-long-v1"
+"""Class synthesis whose answer is longer than its CoT: version 3 of the family (a terse plan,
+a line or two per method, in thinker-data-v4's varied wording; the bodies are written only in
+the answer) with 7-10 methods; the other families keep their thinker-data-v4 knobs, so they
+are v4's very items. Why: SSR's gain over copy-based peers is bounded by the answer phase's
+share of the latency, and in v4 the CoT is about twice the answer; the paper's ClassEval rows
+have answers up to twice the CoT cap. Over 50 held-out items the answer is ~1.3x the CoT
+(median, SmolLM2 tokens) and prompt + CoT + answer stays mostly under ~3.5k tokens."""
+
+LONG_V1_TASK_KNOBS: dict[str, dict[str, Any]] = {
+    **{name: dict(knobs) for name, knobs in V4_TASK_KNOBS.items()},
+    "class_synthesis": {"version": 3, "min_methods": 7, "max_methods": 10, "min_answer_tokens": 120},
+}
+
 DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     DATA_VERSION: DEFAULT_TASK_KNOBS,
     DATA_VERSION_V2: V2_TASK_KNOBS,
@@ -174,6 +188,7 @@ DATA_VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     DATA_VERSION_V4: V4_TASK_KNOBS,
     DATA_VERSION_HARD_V1: HARD_V1_TASK_KNOBS,
     DATA_VERSION_HARD_V2: HARD_V2_TASK_KNOBS,
+    DATA_VERSION_LONG_V1: LONG_V1_TASK_KNOBS,
 }
 """The built-in data versions and their knobs (family -> knobs, "version" included)."""
 

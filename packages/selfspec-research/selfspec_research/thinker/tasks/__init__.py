@@ -38,6 +38,7 @@ from .base import (
     stable_rng,
 )
 from .class_synthesis import ClassSynthesis, ClassSynthesisV2
+from .class_synthesis_plan import ClassSynthesisV3
 from .record_extraction import RecordExtraction, RecordExtractionV2
 from .record_extraction_v3 import RecordExtractionV3
 from .route_finding import RouteFinding, RouteFindingV2, RouteFindingV3
@@ -60,6 +61,7 @@ for _family in (
     RecordExtractionV3,
     RouteFindingV4,
     ArithmeticSearchV3,
+    ClassSynthesisV3,
 ):
     _FAMILY_TYPES.setdefault(_family.name, {})[_family.version] = _family
 
@@ -142,6 +144,7 @@ __all__ = [
     "CheckResult",
     "ClassSynthesis",
     "ClassSynthesisV2",
+    "ClassSynthesisV3",
     "DEFAULT_VERSION",
     "RecordExtraction",
     "RecordExtractionV2",
