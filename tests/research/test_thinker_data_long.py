@@ -5,7 +5,8 @@ other families.
 What must hold: the items regenerate exactly, their prompts, answers and tests are version
 1's (so the family's checker grades them unchanged and every reference passes it), the CoT
 still writes the answer's class line, constructor and `def` lines in the answer's order,
-and the answer is at least as long as the CoT."""
+and the answer is at least as long as the CoT. The thinker trains on a mix of v4 and this
+version (`DATA_MIXES`): the union of their items, each family's once where the knobs agree."""
 
 from __future__ import annotations
 
@@ -16,16 +17,21 @@ import re
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from selfspec_research.thinker.data_versions import (
+    DATA_MIX_V4_LONG_V1,
+    DATA_MIXES,
     DATA_VERSION_LONG_V1,
     DATA_VERSION_V4,
     DATA_VERSIONS,
     HELDOUT_SEED,
     data_version_knobs,
+    data_version_parts,
 )
+from selfspec_research.thinker.examples import DataSpec
 from selfspec_research.thinker.tasks import (
     TaskItem,
     check_many,
@@ -184,3 +190,40 @@ def test_smollm2_tokens_meet_the_target_over_50_held_out_items() -> None:
     assert statistics.median(a / c for a, c in zip(answers, cots)) >= 1.0
     totals = [p + c + a for p, c, a in zip(prompts, cots, answers)]
     assert sum(total <= 3500 for total in totals) >= 45, sorted(totals)[-6:]
+
+
+# ------------------------------------------------------------------ the training mix
+def test_the_mix_is_v4_plus_the_long_class_items() -> None:
+    spec = DataSpec.for_version(DATA_MIX_V4_LONG_V1, seed=3, items_per_family=2)
+    assert DATA_MIXES[DATA_MIX_V4_LONG_V1] == (DATA_VERSION_V4, LONG)
+    v4 = DataSpec.for_version(DATA_VERSION_V4, seed=3, items_per_family=2).items()
+    long = DataSpec.for_version(LONG, families=["class_synthesis"], seed=3, items_per_family=2).items()
+    assert spec.items() == v4 + long  # families with the same knobs in both parts count once
+    assert spec.describe()["also"] == [{"class_synthesis": DATA_VERSIONS[LONG]["class_synthesis"]}]
+    assert "also" not in DataSpec.for_version(DATA_VERSION_V4).describe()  # plain versions as before
+    assert data_version_knobs(DATA_MIX_V4_LONG_V1) == data_version_knobs(LONG)  # what benchmarks take
+    assert data_version_parts(LONG) == (LONG,)
+
+
+def test_cli_trains_on_the_mix_and_names_it(tmp_path: Path) -> None:
+    from typer import Exit
+    from typer.testing import CliRunner
+
+    from selfspec.testing.tiny import save_tiny_model_dir
+    from selfspec_research.thinker.cli import _data_spec, thinker_app
+
+    with pytest.raises(Exit):
+        _data_spec("class_synthesis", 0, 1, None, "thinker-data-mix-v9")
+    tiny = save_tiny_model_dir(tmp_path / "base", "llama")
+    out = tmp_path / "mix-thinker"
+    args = ["train", "--out", str(out), "--base", str(tiny), "--families", "class_synthesis"]
+    args += ["--data-version", DATA_MIX_V4_LONG_V1, "--items-per-family", "1", "--max-steps", "1"]
+    args += ["--max-len", "16384", "--tokens-per-batch", "16384", "--lora-r", "2", "--lora-alpha", "4"]
+    args += ["--heldout-items-per-family", "1", "--device", "cpu", "--no-progress"]
+    result = CliRunner().invoke(thinker_app, args)
+    assert result.exit_code == 0, result.output
+    assert f"data {DATA_MIX_V4_LONG_V1}: 2 examples" in result.output  # one v4 class item, one long one
+    manifest = json.loads((out / "selfspec_adapter.json").read_text())
+    assert manifest["data_version"] == DATA_MIX_V4_LONG_V1 and not manifest["training"]["dropped"]
+    assert manifest["train_config"]["data"]["also"] == [{"class_synthesis": DATA_VERSIONS[LONG]["class_synthesis"]}]
+    assert "`class_synthesis` (also): `{" in (out / "TRAINING.md").read_text()

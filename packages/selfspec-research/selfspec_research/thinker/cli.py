@@ -21,7 +21,7 @@ from selfspec.models import ModelNotFoundError, TokenizerDefectError, load_model
 from selfspec.models.registry import ADAPTER_MANIFEST, adapter_data_version, get_model_entry
 from selfspec.run_info import device_name
 from selfspec_research.lora_training import LoraSpec
-from selfspec_research.thinker.data_versions import DATA_VERSION, DATA_VERSIONS, HELDOUT_SEED, TRAIN_SEED
+from selfspec_research.thinker.data_versions import DATA_MIXES, DATA_VERSION, DATA_VERSIONS, HELDOUT_SEED, TRAIN_SEED
 from selfspec_research.thinker.evaluate import EvalConfig, run_eval
 from selfspec_research.thinker.examples import DataSpec
 from selfspec_research.thinker.measures import convergence_table, template_control
@@ -62,8 +62,9 @@ def _data_spec(
     names = _families(families)
     if knobs is None:
         version = data_version or DATA_VERSION
-        if version not in DATA_VERSIONS:
-            fail(f"unknown data version {version!r}; built in: {', '.join(DATA_VERSIONS)} (custom data need --knobs)")
+        if version not in DATA_VERSIONS and version not in DATA_MIXES:
+            built_in = ", ".join([*DATA_VERSIONS, *DATA_MIXES])
+            fail(f"unknown data version {version!r}; built in: {built_in} (custom data need --knobs)")
         return DataSpec.for_version(version, names, seed, items_per_family)
     if data_version is None:
         fail("custom --knobs need a --data-version name, so the adapter says which data it saw")
@@ -78,7 +79,8 @@ def _data_spec(
 _DATA_VERSION_HELP = (
     "Built-in data version: thinker-data-v1 (the default), thinker-data-v2 (record extraction, route "
     "finding and arithmetic search version 2), thinker-data-v3 (v2 with route finding version 3) or "
-    "thinker-data-v4 (v3's items with CoTs of varied wording); with --knobs, the name of the custom data."
+    "thinker-data-v4 (v3's items with CoTs of varied wording), thinker-data-long-v1 (class answers longer than their CoT) "
+    "or the mix thinker-data-mix-v4-long-v1 (training); with --knobs, the name of the custom data."
 )
 
 
@@ -172,6 +174,11 @@ def training_markdown(config: Any, result: Any, command: str, size_bytes: int) -
     knob_lines = [
         f"  - `{family}`: `{json.dumps(dict(knobs), sort_keys=True)}`"
         for family, knobs in config.data.describe()["knobs"].items()
+    ]
+    knob_lines += [  # a mix's further parts: the families they add
+        f"  - `{family}` (also): `{json.dumps(dict(knobs), sort_keys=True)}`"
+        for extra in config.data.describe().get("also", [])
+        for family, knobs in extra.items()
     ]
     lines = [
         "# Training of this adapter",

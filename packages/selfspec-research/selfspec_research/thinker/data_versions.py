@@ -197,8 +197,29 @@ HARD_DATA_VERSIONS: tuple[str, ...] = (DATA_VERSION_HARD_V1, DATA_VERSION_HARD_V
 other items than the training versions' (larger knobs draw other streams)."""
 
 
+DATA_MIX_V4_LONG_V1 = "thinker-data-mix-v4-long-v1"
+"""Training data for a thinker that writes long answers: the items of thinker-data-v4 and of
+thinker-data-long-v1 together. A family with the same knobs in both counts once (they would
+be the same items), so the mix is v4's four families plus long-v1's class synthesis. Why a
+mix: the long items alone would teach the thinker only terse plans for classes; with v4's,
+it keeps v4's skills and learns both CoT shapes."""
+
+DATA_MIXES: dict[str, tuple[str, ...]] = {DATA_MIX_V4_LONG_V1: (DATA_VERSION_V4, DATA_VERSION_LONG_V1)}
+"""Training data made of several built-in data versions' items (`DataSpec.for_version` unites
+them); the last part is the one the mix was made for (see `data_version_knobs`)."""
+
+
+def data_version_parts(version: str) -> tuple[str, ...]:
+    """The built-in data versions whose items make up `version`: a mix's parts, else itself."""
+    return DATA_MIXES.get(version, (version,))
+
+
 def data_version_knobs(version: str) -> dict[str, dict[str, Any]]:
-    """A copy of the knobs of built-in data version `version`."""
+    """A copy of the knobs of built-in data version `version`.
+
+    For a mix (`DATA_MIXES`), its last part's: one knob set per family is what benchmarks and
+    evals take, and an adapter trained on a mix is measured on the items it was made for."""
+    version = data_version_parts(version)[-1]
     try:
         knobs = DATA_VERSIONS[version]
     except KeyError:

@@ -26,7 +26,13 @@ import torch
 
 from selfspec.thinking.format import ThinkingFormat, build_prompt_text
 from selfspec_research.lora_training import token_budget_batches
-from selfspec_research.thinker.data_versions import DATA_VERSION, DEFAULT_TASK_KNOBS, TRAIN_SEED, data_version_knobs
+from selfspec_research.thinker.data_versions import (
+    DATA_VERSION,
+    DEFAULT_TASK_KNOBS,
+    TRAIN_SEED,
+    data_version_knobs,
+    data_version_parts,
+)
 from selfspec_research.thinker.tasks import TaskItem, format_training_text, generate_split
 from selfspec_research.thinker.tasks import families as all_families
 
@@ -43,6 +49,8 @@ class DataSpec:
     items_per_family: int = 1500
     knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_TASK_KNOBS)
     version: str = DATA_VERSION
+    also: tuple[Mapping[str, Mapping[str, Any]], ...] = ()
+    """Further knob sets whose items join the split (a data mix, `data_versions.DATA_MIXES`)."""
 
     @classmethod
     def for_version(
@@ -52,18 +60,31 @@ class DataSpec:
         seed: int = TRAIN_SEED,
         items_per_family: int = 1500,
     ) -> "DataSpec":
-        """The spec of built-in data version `version` (see `DATA_VERSIONS`)."""
+        """The spec of built-in data version `version` (see `DATA_VERSIONS`, and `DATA_MIXES`)."""
+        first, *rest = data_version_parts(version)
         return cls(
             families=tuple(families) if families is not None else tuple(all_families()),
             seed=seed,
             items_per_family=items_per_family,
-            knobs=data_version_knobs(version),
+            knobs=data_version_knobs(first),
             version=version,
+            also=tuple(data_version_knobs(part) for part in rest),
         )
 
+    def knob_sets(self) -> list[dict[str, dict[str, Any]]]:
+        """`knobs`, then each of `also` without the families whose knobs came before (the same items)."""
+        sets: list[dict[str, dict[str, Any]]] = []
+        for knobs in (self.knobs, *self.also):
+            chosen = {name: dict(knobs.get(name, {})) for name in self.families}
+            sets.append({name: values for name, values in chosen.items() if all(s.get(name) != values for s in sets)})
+        return sets
+
     def items(self, start: int = 0) -> list[TaskItem]:
-        knobs = {name: dict(self.knobs.get(name, {})) for name in self.families}
-        return generate_split(list(self.families), self.seed, self.items_per_family, knobs=knobs, start=start)
+        return [
+            item
+            for knobs in self.knob_sets()
+            for item in generate_split(list(knobs), self.seed, self.items_per_family, knobs=knobs, start=start)
+        ]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -72,6 +93,7 @@ class DataSpec:
             "seed": self.seed,
             "items_per_family": self.items_per_family,
             "knobs": {name: dict(self.knobs.get(name, {})) for name in self.families},
+            **({"also": self.knob_sets()[1:]} if self.also else {}),
         }
 
 

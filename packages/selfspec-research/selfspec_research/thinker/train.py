@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +218,7 @@ def train_thinker(
     examples, dropped = encode_examples(tokenizer, fmt, config.data.items(), config.max_len)
     early = early_answer_examples(examples, len(fmt.close_ids), config.early_answer_share, config.seed)
     examples += early
-    heldout_spec = DataSpec(
-        config.data.families, config.heldout_seed, config.heldout_items_per_family, config.data.knobs
-    )
+    heldout_spec = replace(config.data, seed=config.heldout_seed, items_per_family=config.heldout_items_per_family)
     heldout, _ = encode_examples(tokenizer, fmt, heldout_spec.items(), config.max_len)
     data_seconds = time.perf_counter() - budget.started
     if not examples:
