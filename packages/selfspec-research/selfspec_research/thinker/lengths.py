@@ -7,7 +7,8 @@ Lengths are measured with SmolLM2's own tokenizer when its converted copy is in 
 model cache (only `tokenizer.json` is read: no weights are loaded), else with the tiny
 test tokenizer (a byte-level BPE of ~420 tokens), whose counts run about 1.5-3x larger;
 the output says which tokenizer counted. The whole example is `examples.encode_items`' layout (chat prompt, CoT,
-close marker, answer, EOS), i.e. what `--max-len` compares against.
+close marker, answer, EOS), i.e. what `--max-len` compares against; `ans/cot%` is the answer's
+length in percent of the CoT's, item by item (its median is the answer phase's typical weight).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
 
 
 def length_stats(tokenizer: Any, items: Sequence[TaskItem]) -> dict[str, dict[str, dict[str, float]]]:
-    """family -> part (prompt, cot, answer, example) -> min/median/mean/p90/max tokens."""
+    """family -> part (prompt, cot, answer, example) -> min/median/mean/p90/max tokens; part
+    `ans/cot%` is each item's answer length in percent of its CoT's (the answer phase's weight)."""
     fmt = ThinkingFormat.detect(tokenizer, kind="prompted")
     examples = encode_items(tokenizer, fmt, items)
     counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
@@ -69,6 +71,8 @@ def length_stats(tokenizer: Any, items: Sequence[TaskItem]) -> dict[str, dict[st
         for part in ("prompt", "cot", "answer"):
             counts[item.family][part].append(len(encoded[part][k]))
         counts[item.family]["example"].append(len(example))
+        answer, cot = len(encoded["answer"][k]), len(encoded["cot"][k])
+        counts[item.family]["ans/cot%"].append(round(100 * answer / max(cot, 1)))
     return {family: {part: _summary(values) for part, values in parts.items()} for family, parts in counts.items()}
 
 
