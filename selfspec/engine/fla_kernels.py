@@ -38,12 +38,18 @@ CHUNK_MIN_TOKENS = 64
 Kernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
-def load() -> tuple[Kernel, Kernel]:
-    """fla's (fused recurrent, chunked) gated delta rule, imported now (raises ImportError
-    when fla is absent)."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+_loaded: tuple[Kernel, Kernel] | None = None
 
-    return fused_recurrent_gated_delta_rule, chunk_gated_delta_rule
+
+def load() -> tuple[Kernel, Kernel]:
+    """fla's (fused recurrent, chunked) gated delta rule, imported once (raises ImportError when
+    fla is absent): the layers call it per layer and step, and at every settle."""
+    global _loaded
+    if _loaded is None:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+        _loaded = (fused_recurrent_gated_delta_rule, chunk_gated_delta_rule)
+    return _loaded
 
 
 def _resolve() -> tuple[bool, str]:
@@ -70,33 +76,26 @@ def applies(device: torch.device, dtype: torch.dtype | None = None) -> bool:
     return USABLE and device.type == "cuda" and dtype != torch.float32
 
 
+def _rule(kernel: Kernel, query, key, value, g, beta, initial_state):
+    return kernel(
+        query,
+        key,
+        value,
+        g=g,
+        beta=beta,
+        initial_state=initial_state.to(torch.float32),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
 def recurrent(query, key, value, g, beta, initial_state, kernel: Kernel | None = None):
     """The delta rule over every column, token by token in one launch: (out [B, T, H, Dv] in
     the values' dtype, final state [B, H, Dk, Dv] fp32). `kernel` overrides the loaded one
     (tests run it under Triton's interpreter)."""
-    kernel = kernel or load()[0]
-    return kernel(
-        query,
-        key,
-        value,
-        g=g,
-        beta=beta,
-        initial_state=initial_state.to(torch.float32),
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )
+    return _rule(kernel or load()[0], query, key, value, g, beta, initial_state)
 
 
 def chunked(query, key, value, g, beta, initial_state, kernel: Kernel | None = None):
     """The delta rule in chunked (WY) form for long chunks: (out, final state), as `recurrent`."""
-    kernel = kernel or load()[1]
-    return kernel(
-        query,
-        key,
-        value,
-        g=g,
-        beta=beta,
-        initial_state=initial_state.to(torch.float32),
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )
+    return _rule(kernel or load()[1], query, key, value, g, beta, initial_state)

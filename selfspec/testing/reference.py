@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
+from selfspec.engine.policy import Proposal, SequencePolicy
+
 if TYPE_CHECKING:
     from selfspec.engine.llm_engine import Engine
 
@@ -46,3 +48,24 @@ def run_to_finish(engine: "Engine", seqs: Iterable, max_steps: int = 10_000) -> 
             return
         engine.step()
     raise AssertionError(f"sequences did not finish within {max_steps} steps")
+
+
+class ScriptedProposals(SequencePolicy):
+    """A speculation policy for tests: every step it proposes the reference's next `good` tokens
+    followed by `bad` wrong ones (each reference token + 1, mod `vocab`), so verification accepts
+    exactly `good` tokens and rolls back the rest; `accepted` keeps each step's count."""
+
+    def __init__(self, reference: list[int], good: int, bad: int, vocab: int) -> None:
+        self.reference, self.good, self.bad, self.vocab = reference, good, bad, vocab
+        self.accepted: list[int] = []
+
+    def propose(self, engine, seq, max_tokens):
+        done = seq.num_output_tokens
+        ahead = self.reference[done : done + self.good]
+        later = self.reference[done + len(ahead) : done + len(ahead) + self.bad]
+        tokens = (ahead + [(t + 1) % self.vocab for t in later])[:max_tokens]
+        return Proposal(tokens) if tokens else None
+
+    def on_step(self, engine, seq, outcome):
+        if outcome.proposal is not None:
+            self.accepted.append(outcome.accepted)

@@ -29,11 +29,10 @@ import torch
 from selfspec.engine import fla_kernels, state_cache
 from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.state_cache import LinearLayerSpec, SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets
-from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
+from selfspec.testing.reference import ScriptedProposals, greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
 VOCAB = 128
@@ -86,31 +85,12 @@ def test_recompute_at_settle_gives_the_snapshots_state_bitwise(family, static, m
         assert rec.static.snapshot_forwards[(2, 8, 16)].replays == 2, "two replays of the verify shape before settle"
 
 
-class _ScriptedPolicy(SequencePolicy):
-    """Proposes the reference's next `good` tokens followed by `bad` wrong ones, every step."""
-
-    def __init__(self, reference: list[int], good: int, bad: int) -> None:
-        self.reference, self.good, self.bad = reference, good, bad
-        self.accepted: list[int] = []
-
-    def propose(self, engine, seq, max_tokens):
-        done = seq.num_output_tokens
-        ahead = self.reference[done : done + self.good]
-        wrong = [(t + 1) % VOCAB for t in self.reference[done + len(ahead) : done + len(ahead) + self.bad]]
-        tokens = (ahead + wrong)[:max_tokens]
-        return Proposal(tokens) if tokens else None
-
-    def on_step(self, engine, seq, outcome):
-        if outcome.proposal is not None:
-            self.accepted.append(outcome.accepted)
-
-
 def _speculate(model, good: int, bad: int, static: bool, n: int = 18):
     ps = random_prompts([7, 12, 4], VOCAB, 4)
     refs = [greedy_reference(model, p, n) for p in ps]
     cfg = EngineConfig(num_slots=4, max_len=96, prefill_chunk=6, static_shapes=static, graph_buckets=BUCKETS)
     engine = Engine(model, None, cfg, eos_token_ids=[])
-    policies = [_ScriptedPolicy(r, good, bad) for r in refs]
+    policies = [ScriptedProposals(r, good, bad, VOCAB) for r in refs]
     seqs = [engine.add_request(p, SamplingParams(max_tokens=n), policy=pol) for p, pol in zip(ps, policies)]
     run_to_finish(engine, seqs)
     return engine, seqs, refs, policies

@@ -14,10 +14,9 @@ import torch
 from selfspec.engine.architecture import UnsupportedArchitectureError
 from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets
-from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
+from selfspec.testing.reference import ScriptedProposals, greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
 VOCAB = 128
@@ -93,25 +92,6 @@ def test_fork_then_continue_equals_no_fork(model, references):
     assert child.token_ids[len(prompt) :] == references(prompt, 30)
 
 
-class _ScriptedPolicy(SequencePolicy):
-    """Proposes the reference's next `good` tokens followed by `bad` wrong ones, every step."""
-
-    def __init__(self, reference: list[int], prompt_len: int, good: int, bad: int) -> None:
-        self.reference, self.prompt_len, self.good, self.bad = reference, prompt_len, good, bad
-        self.accepted: list[int] = []
-
-    def propose(self, engine, seq, max_tokens):
-        done = seq.num_output_tokens
-        ahead = self.reference[done : done + self.good]
-        wrong = [(t + 1) % VOCAB for t in self.reference[done + len(ahead) : done + len(ahead) + self.bad]]
-        tokens = (ahead + wrong)[:max_tokens]
-        return Proposal(tokens) if tokens else None
-
-    def on_step(self, engine, seq, outcome):
-        if outcome.proposal is not None:
-            self.accepted.append(outcome.accepted)
-
-
 @pytest.mark.parametrize("good,bad", [(0, 4), (2, 3), (5, 0)], ids=["reject-all", "accept-2-of-5", "accept-all"])
 def test_rejected_speculation_leaves_the_state_exact(model, references, good, bad):
     """Verify k tokens, accept j < k, continue: the output is plain greedy's, so the recurrent
@@ -119,7 +99,7 @@ def test_rejected_speculation_leaves_the_state_exact(model, references, good, ba
     ps = prompts([7, 12], seed=4)
     refs = [references(p, 26) for p in ps]
     engine = make_engine(model)
-    policies = [_ScriptedPolicy(r, len(p), good, bad) for p, r in zip(ps, refs)]
+    policies = [ScriptedProposals(r, good, bad, VOCAB) for p, r in zip(ps, refs)]
     seqs = [engine.add_request(p, SamplingParams(max_tokens=26), policy=pol) for p, pol in zip(ps, policies)]
     run(engine, seqs)
     for s, r, pol in zip(seqs, refs, policies):
@@ -132,7 +112,7 @@ def test_truncate_inside_and_before_the_last_chunk(model, references):
     ref = references(prompt, 30)
     engine = make_engine(model)
     # Inside the last (verify) chunk: the state is put back from that forward's snapshots.
-    seq = engine.add_request(prompt, SamplingParams(max_tokens=40), policy=_ScriptedPolicy(ref, 10, 4, 0))
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=40), policy=ScriptedProposals(ref, 4, 0, VOCAB))
     while seq.num_output_tokens < 9:
         engine.step()
     cut = len(seq.token_ids) - 2
@@ -160,7 +140,7 @@ def test_static_shapes_with_speculation_match_generate(model, references):
     ps = prompts([5, 14, 9], seed=6)
     refs = [references(p, 20) for p in ps]
     engine = make_engine(model, static_shapes=True)
-    policies = [_ScriptedPolicy(r, len(p), 2, 2) for p, r in zip(ps, refs)]
+    policies = [ScriptedProposals(r, 2, 2, VOCAB) for p, r in zip(ps, refs)]
     seqs = [engine.add_request(p, SamplingParams(max_tokens=20), policy=pol) for p, pol in zip(ps, policies)]
     run(engine, seqs)
     for s, r in zip(seqs, refs):
@@ -238,7 +218,7 @@ def test_fused_pointwise_path_is_exact(family):
     assert compile_pointwise_modules(model, backend="aot_eager")
     engine = make_engine(model, static_shapes=True, compile_pointwise=True, compile_backend="aot_eager")
     assert engine.runner.fused_pointwise
-    policies = [_ScriptedPolicy(r, len(p), 1, 2) for p, r in zip(ps, refs)]
+    policies = [ScriptedProposals(r, 1, 2, VOCAB) for p, r in zip(ps, refs)]
     seqs = [engine.add_request(p, SamplingParams(max_tokens=14), policy=pol) for p, pol in zip(ps, policies)]
     run(engine, seqs)
     assert [s.output_ids for s in seqs] == refs

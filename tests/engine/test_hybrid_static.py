@@ -17,13 +17,12 @@ import torch
 from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk, ModelRunner
-from selfspec.engine.policy import Proposal, SequencePolicy
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.state_cache import SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
-from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
+from selfspec.testing.reference import ScriptedProposals, greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 
@@ -76,25 +75,6 @@ def test_static_greedy_equals_eager_and_generate(model, lengths):
     assert outputs[True] == outputs[False] == [reference(model, p, 24) for p in ps]
 
 
-class _ScriptedPolicy(SequencePolicy):
-    """Proposes the reference's next `good` tokens followed by `bad` wrong ones, every step."""
-
-    def __init__(self, reference: list[int], good: int, bad: int) -> None:
-        self.reference, self.good, self.bad = reference, good, bad
-        self.accepted: list[int] = []
-
-    def propose(self, engine, seq, max_tokens):
-        done = seq.num_output_tokens
-        ahead = self.reference[done : done + self.good]
-        wrong = [(t + 1) % VOCAB for t in self.reference[done + len(ahead) : done + len(ahead) + self.bad]]
-        tokens = (ahead + wrong)[:max_tokens]
-        return Proposal(tokens) if tokens else None
-
-    def on_step(self, engine, seq, outcome):
-        if outcome.proposal is not None:
-            self.accepted.append(outcome.accepted)
-
-
 @pytest.mark.parametrize("good,bad", [(0, 3), (2, 3), (6, 0)], ids=["reject-all", "accept-2-of-5", "accept-all"])
 def test_static_speculation_with_rollback_matches_generate(model, good, bad):
     """Four speculating rows with batch buckets of at most 2: each step verifies in two replays
@@ -102,7 +82,7 @@ def test_static_speculation_with_rollback_matches_generate(model, good, bad):
     ps = prompts([7, 12, 4, 9], seed=4)
     refs = [reference(model, p, 22) for p in ps]
     engine = make_engine(model, True, GraphBuckets(batch=(1, 2), tokens=(1, 2, 4, 8), min_keys=8))
-    policies = [_ScriptedPolicy(r, good, bad) for r in refs]
+    policies = [ScriptedProposals(r, good, bad, VOCAB) for r in refs]
     seqs = [engine.add_request(p, SamplingParams(max_tokens=22), policy=pol) for p, pol in zip(ps, policies)]
     run(engine, seqs)
     for s, r, pol in zip(seqs, refs, policies):
