@@ -79,9 +79,12 @@ class AcceptanceRate:
         self.relax = relax
         self.successes = 0.0  # geometric summary (reports): kept tokens
         self.trials = 0.0  # kept tokens + rejections
+        # Per position i, stored divided by `_scale` (decay multiplies one number, not 2 x 65):
         self._kept = [0.0] * (MAX_POSITIONS + 1)  # [i]: weighted proposals whose i-th token was kept
         self._offered = [0.0] * (MAX_POSITIONS + 1)  # [i]: ... that reached i - 1 and offered an i-th token
-        self._gains: list[float] | None = None  # cached E[accepted | k] for k = 0..MAX_POSITIONS
+        self._scale = 1.0
+        self._gains = [0.0]  # E[accepted | k] for k < len, extended on demand, reset when counts change
+        self._survive = 1.0  # the product of the rates up to len(_gains) - 1
 
     @property
     def value(self) -> float:
@@ -95,37 +98,43 @@ class AcceptanceRate:
         trials = accepted + (1 if accepted < proposed else 0)
         self.successes = self.decay * self.successes + accepted
         self.trials = self.decay * self.trials + trials
-        self._scale(self.decay)
+        self._fade(self.decay)
+        one = 1.0 / self._scale
         for i in range(1, min(proposed, accepted + 1, MAX_POSITIONS) + 1):
-            self._offered[i] += 1.0
+            self._offered[i] += one
             if i <= accepted:
-                self._kept[i] += 1.0
+                self._kept[i] += one
 
     def idle(self) -> None:
         """A step without a proposal of this kind: the evidence fades a little."""
         self.successes *= self.relax
         self.trials *= self.relax
-        self._scale(self.relax)
+        self._fade(self.relax)
 
-    def _scale(self, factor: float) -> None:
-        self._kept = [x * factor for x in self._kept]
-        self._offered = [x * factor for x in self._offered]
-        self._gains = None
+    def _fade(self, factor: float) -> None:
+        self._scale *= factor
+        if self._scale < 1e-200:  # renormalise long before the stored counts overflow
+            self._kept = [x * self._scale for x in self._kept]
+            self._offered = [x * self._scale for x in self._offered]
+            self._scale = 1.0
+        self._gains, self._survive = [0.0], 1.0
 
     def expected(self, k: int) -> float:
         """E[accepted + 1] of a k-token proposal."""
-        if self._gains is None:
-            gains, survive, w, prior = [0.0], 1.0, self.prior_weight, min(self.prior, MAX_ALPHA)
-            for i in range(1, MAX_POSITIONS + 1):
-                rate = (self._kept[i] + w * prior) / (self._offered[i] + w)
-                survive *= rate  # < 1: the prior's pseudo-trials (prior <= MAX_ALPHA) are never all kept
-                gains.append(gains[-1] + survive)
-            self._gains = gains
         k = max(0, k)
+        gains, upto = self._gains, min(k, MAX_POSITIONS)
+        if len(gains) <= upto:
+            w, prior, scale = self.prior_weight, min(self.prior, MAX_ALPHA), self._scale
+            survive = self._survive
+            for i in range(len(gains), upto + 1):
+                # < 1: the prior's pseudo-trials (prior <= MAX_ALPHA) are never all kept
+                survive *= (self._kept[i] * scale + w * prior) / (self._offered[i] * scale + w)
+                gains.append(gains[-1] + survive)
+            self._survive = survive
         if k <= MAX_POSITIONS:
-            return 1.0 + self._gains[k]
-        last = self._gains[MAX_POSITIONS] - self._gains[MAX_POSITIONS - 1]  # beyond: the last position's rate
-        return 1.0 + self._gains[MAX_POSITIONS] + last * (k - MAX_POSITIONS)
+            return 1.0 + gains[k]
+        last = gains[MAX_POSITIONS] - gains[MAX_POSITIONS - 1]  # beyond: the last position's rate
+        return 1.0 + gains[MAX_POSITIONS] + last * (k - MAX_POSITIONS)
 
 
 VERIFY_TOKENS_MAX = 64
