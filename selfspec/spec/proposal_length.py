@@ -67,8 +67,12 @@ class AcceptanceRate:
     suffix) are right or wrong in runs — once the first token of a copy is kept the next ones
     nearly always are — and a single geometric rate misprices such runs: half the proposals
     keeping nothing and half all 15 tokens fit a rate of 0.94, which promises 10.3 tokens from a
-    15-token proposal where 8.5 come. Each position's rate is smoothed toward `prior` with `prior_weight` pseudo-trials.
-    Recent proposals weigh most (`decay` per proposal); steps without a proposal pull the estimate
+    15-token proposal where 8.5 come. Each position's rate is smoothed with `prior_weight` pseudo-trials
+    toward the rate of the position before it (the first position toward `prior`), so a position
+    never offered goes on at the last known rate: smoothed toward the prior instead, a request that
+    proposed 7 tokens would price an 8th at the prior, never try it, and never learn that its copies
+    run on (prompt lookup's runs in a chain of thought keep ~0.9 of their tokens after the first).
+    Recent proposals weigh most (`decay` per proposal that reached the position); steps without a proposal pull the estimate
     back toward the prior (`relax`), so a source that failed for a while gets tried again instead
     of staying off for the rest of the request."""
 
@@ -79,12 +83,13 @@ class AcceptanceRate:
         self.relax = relax
         self.successes = 0.0  # geometric summary (reports): kept tokens
         self.trials = 0.0  # kept tokens + rejections
-        # Per position i, stored divided by `_scale` (decay multiplies one number, not 2 x 65):
+        # Per position i, stored divided by `_scale` (the idle fade multiplies one number, not 2 x 65):
         self._kept = [0.0] * (MAX_POSITIONS + 1)  # [i]: weighted proposals whose i-th token was kept
         self._offered = [0.0] * (MAX_POSITIONS + 1)  # [i]: ... that reached i - 1 and offered an i-th token
         self._scale = 1.0
         self._gains = [0.0]  # E[accepted | k] for k < len, extended on demand, reset when counts change
         self._survive = 1.0  # the product of the rates up to len(_gains) - 1
+        self._last_rate = min(prior, MAX_ALPHA)  # the rate of position len(_gains) - 1 (the prior before any)
 
     @property
     def value(self) -> float:
@@ -98,12 +103,15 @@ class AcceptanceRate:
         trials = accepted + (1 if accepted < proposed else 0)
         self.successes = self.decay * self.successes + accepted
         self.trials = self.decay * self.trials + trials
-        self._fade(self.decay)
-        one = 1.0 / self._scale
+        # Each position's evidence fades only when that position is offered again: a proposal that
+        # failed at its first token says nothing about the 8th, and fading the 8th for it would
+        # forget the rare long runs that make long proposals pay.
+        one, decay = 1.0 / self._scale, self.decay
+        kept, offered = self._kept, self._offered
         for i in range(1, min(proposed, accepted + 1, MAX_POSITIONS) + 1):
-            self._offered[i] += one
-            if i <= accepted:
-                self._kept[i] += one
+            offered[i] = decay * offered[i] + one
+            kept[i] = decay * kept[i] + (one if i <= accepted else 0.0)
+        self._gains, self._survive, self._last_rate = [0.0], 1.0, min(self.prior, MAX_ALPHA)
 
     def idle(self) -> None:
         """A step without a proposal of this kind: the evidence fades a little."""
@@ -117,24 +125,27 @@ class AcceptanceRate:
             self._kept = [x * self._scale for x in self._kept]
             self._offered = [x * self._scale for x in self._offered]
             self._scale = 1.0
-        self._gains, self._survive = [0.0], 1.0
+        self._gains, self._survive, self._last_rate = [0.0], 1.0, min(self.prior, MAX_ALPHA)
 
     def expected(self, k: int) -> float:
         """E[accepted + 1] of a k-token proposal."""
         k = max(0, k)
         gains, upto = self._gains, min(k, MAX_POSITIONS)
         if len(gains) <= upto:
-            w, prior, scale = self.prior_weight, min(self.prior, MAX_ALPHA), self._scale
-            survive = self._survive
+            w, scale = self.prior_weight, self._scale
+            survive, rate = self._survive, self._last_rate
             for i in range(len(gains), upto + 1):
-                # < 1: the prior's pseudo-trials (prior <= MAX_ALPHA) are never all kept
-                survive *= (self._kept[i] * scale + w * prior) / (self._offered[i] * scale + w)
+                # Position i shrinks toward position i - 1's rate (the first toward the prior): where
+                # nothing was offered yet, a copy is assumed to go on as its last known tokens did. The
+                # carried rate is capped, so the pseudo-trials are never all kept: every rate stays < 1.
+                rate = (self._kept[i] * scale + w * min(rate, MAX_ALPHA)) / (self._offered[i] * scale + w)
+                survive *= rate
                 gains.append(gains[-1] + survive)
-            self._survive = survive
+            self._survive, self._last_rate = survive, rate
         if k <= MAX_POSITIONS:
             return 1.0 + gains[k]
-        last = gains[MAX_POSITIONS] - gains[MAX_POSITIONS - 1]  # beyond: the last position's rate
-        return 1.0 + gains[MAX_POSITIONS] + last * (k - MAX_POSITIONS)
+        rate, survive = min(self._last_rate, MAX_ALPHA), self._survive  # beyond: the last known rate goes on
+        return 1.0 + gains[MAX_POSITIONS] + survive * rate * (1.0 - rate ** (k - MAX_POSITIONS)) / (1.0 - rate)
 
 
 VERIFY_TOKENS_MAX = 64

@@ -149,9 +149,9 @@ class SSRPolicy(ThinkingPolicy):
         variants = (fmt.end_variants or (fmt.end_ids,)) if fmt is not None else ()
         self.answer = AnswerSpeculator(config, variants, global_history=global_history, context_proposer=self.proposer)
         # CoT proposals never cross an end-of-thinking token (see _thinking_proposal).
-        self._end_token_ids: frozenset[int] = frozenset()
+        self._end_variants: tuple[tuple[int, ...], ...] = ()
         if self.proposer is not None and self.thinking:
-            self._end_token_ids = frozenset(t for variant in variants for t in variant) | frozenset(fmt.close_ids)
+            self._end_variants = tuple(tuple(v) for v in variants)
         self.thinking_verify_steps = 0
 
     @property
@@ -174,7 +174,7 @@ class SSRPolicy(ThinkingPolicy):
         proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
         if proposal is None:
             return None
-        tokens = cut_before_end(proposal.tokens, self._end_token_ids)
+        tokens = cut_before_end(proposal.tokens, seq.token_ids, self._end_variants)
         if not tokens:
             return None
         return Proposal(tokens, source=SSRStage.THINKING.value)  # deterministic: verified as a one-hot draft

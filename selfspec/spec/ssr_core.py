@@ -234,14 +234,26 @@ def draft_proposer(config: SSRConfig, earlier: list[Draft]):
     return proposer
 
 
-def cut_before_end(tokens: Sequence[int], end_token_ids: frozenset[int]) -> list[int]:
-    """A CoT proposal cut before any token of the end-of-thinking marker: the marker then
-    always arrives in a plain step (or as a verify's own token, with nothing after it), so the
-    close of thinking sees a context that ends with it."""
+def cut_before_end(tokens: Sequence[int], context: Sequence[int], end_variants: Sequence[Sequence[int]]) -> list[int]:
+    """A CoT proposal cut before the token that would complete an end-of-thinking marker (any of
+    `end_variants`, counting marker tokens already at the end of `context`): the marker then
+    always completes in a plain step or as a verify's own token, with nothing after it, so the
+    close of thinking sees a context that ends with it. Only the completing token cuts: a
+    marker of several tokens ("</", "think", ">") shares them with ordinary text (newlines, "->"),
+    and cutting at any of them would cut most proposals of a chain of thought short."""
     out = list(tokens)
-    for i, token in enumerate(out):
-        if token in end_token_ids:
-            return out[:i]
+    variants = [tuple(v) for v in end_variants if len(v) > 0]
+    if not out or not variants:
+        return out
+    longest = max(len(v) for v in variants)
+    tail = list(context[len(context) - (longest - 1) :]) if longest > 1 else []
+    joined = tail + out
+    for i in range(len(out)):
+        end = len(tail) + i + 1  # joined[:end] ends with out[i]
+        for variant in variants:
+            n = len(variant)
+            if end >= n and tuple(joined[end - n : end]) == variant:
+                return out[:i]
     return out
 
 

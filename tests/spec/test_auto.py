@@ -22,6 +22,7 @@ from selfspec.llm import LLM
 from selfspec.spec.auto import AutoConfig
 from selfspec.spec.base import MethodContext
 from selfspec.spec.proposal_length import (
+    MAX_ALPHA,
     AcceptanceRate,
     LengthController,
     candidate_lengths,
@@ -513,8 +514,14 @@ def test_copies_that_are_right_or_wrong_in_runs_are_valued_by_position():
         rate.observe(15, 15)
     assert rate.expected(1) == pytest.approx(1.5, abs=1e-3)
     assert rate.expected(15) == pytest.approx(1 + 0.5 * 15, abs=1e-3)
-    # Beyond what was ever offered, each position gets the prior's rate (0.6): 0.5 x (0.6 + 0.36 + ...).
-    assert rate.expected(40) == pytest.approx(rate.expected(15) + 0.5 * 0.6 * (1 - 0.6**25) / 0.4, abs=1e-3)
+    # Beyond what was ever offered, a position goes on at the last known rate (here ~1, capped at MAX_ALPHA).
+    assert rate.expected(40) == pytest.approx(
+        rate.expected(15) + 0.5 * MAX_ALPHA * (1 - MAX_ALPHA**25) / (1 - MAX_ALPHA), rel=1e-3
+    )
+    # ... and past the tracked positions too.
+    assert rate.expected(80) - rate.expected(64) == pytest.approx(
+        0.5 * MAX_ALPHA**50 * (1 - MAX_ALPHA**16) / (1 - MAX_ALPHA), rel=1e-3
+    )
     assert expected_tokens(rate.value, 15) == pytest.approx(10.3, abs=0.1)
     geometric = AcceptanceRate(prior=0.6, decay=1.0, prior_weight=1e-6)
     rng = np.random.default_rng(0)
