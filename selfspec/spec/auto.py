@@ -120,6 +120,22 @@ def _rows(engine: "Engine") -> int:
     return max(1, engine.num_running)
 
 
+def proposer_capacity(proposer) -> int | None:
+    """The most tokens `proposer` ever offers in one proposal (prompt lookup's `num_tokens`; the
+    longest of a `LongestProposer`'s children), None where unbounded or unknown: no length beyond
+    it is worth pricing, and pricing fewer lengths keeps the per-step decision cheap."""
+    if isinstance(proposer, NgramProposer):
+        return proposer.num_tokens
+    if isinstance(proposer, LongestProposer):
+        caps = [proposer_capacity(child) for child in proposer.proposers]
+        return None if any(c is None for c in caps) else max(caps, default=0)
+    return None
+
+
+def _capped(room: int, capacity: int | None) -> int:
+    return room if capacity is None else min(room, capacity)
+
+
 def _lookup_proposer(kind: str):
     if kind == "longest":
         return thinking_proposer("longest", SuffixOptions().to_config(index_context=True))
@@ -137,6 +153,7 @@ class AutoLookupPolicy(ThinkingPolicy):
         self.config = config
         self.lengths = config.controller()
         self.fallback = fallback
+        self._capacity = proposer_capacity(self.proposer)
 
     def _kind(self) -> str:
         return "thinking" if self.phase is Phase.THINKING else "answer"
@@ -145,7 +162,7 @@ class AutoLookupPolicy(ThinkingPolicy):
         room = self._proposal_room(max_tokens)
         if room <= 0:
             return None
-        k = self.lengths.choose(self._kind(), engine.step_costs, _rows(engine), room)
+        k = self.lengths.choose(self._kind(), engine.step_costs, _rows(engine), _capped(room, self._capacity))
         if k == 0:
             return None
         proposal = self.proposer.propose(seq.token_ids, k)
@@ -177,6 +194,7 @@ class AutoSSRPolicy(SSRPolicy):
         self.auto = config
         self.lengths = config.controller()
         self._answer_source = "lookup"  # what the last answer-stage proposal came from
+        self._thinking_capacity = proposer_capacity(self.proposer)  # the CoT's copies never offer more
 
     def _kind(self) -> str:
         if self.phase is not Phase.ANSWER:
@@ -184,7 +202,9 @@ class AutoSSRPolicy(SSRPolicy):
         return "draft_prefix" if self.answer.stage is SSRStage.PREFIX else "answer"
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
-        k = self.lengths.choose(self._kind(), engine.step_costs, _rows(engine), max_tokens)
+        kind = self._kind()
+        room = _capped(max_tokens, self._thinking_capacity) if kind == "thinking" else max_tokens
+        k = self.lengths.choose(kind, engine.step_costs, _rows(engine), room)
         if k == 0:
             return None
         suffix = self.answer.suffix_proposer

@@ -239,11 +239,13 @@ class LengthChoice:
 
 
 def candidate_lengths(costs: "StepCosts | None") -> list[int]:
-    """The proposal lengths worth pricing: the coarse grid, and where steps are padded to token
-    buckets (static forwards), every length that fills a bucket (k = bucket - 1): a verify costs
-    its bucket, so a proposal one token into the next bucket pays for all of it."""
-    fillers = {b - 1 for b in costs.token_buckets if b > 1} if costs is not None and costs.padded else set()
-    return sorted(set(CANDIDATES) | fillers)
+    """The proposal lengths worth pricing. Where steps are padded to token buckets (static
+    forwards) a verify costs its bucket, and a longer proposal never expects fewer tokens, so only
+    the length that fills each bucket (k = bucket - 1) can win within it: those alone. Eager
+    forwards cost what they feed: the coarse grid."""
+    if costs is not None and costs.padded:
+        return sorted({b - 1 for b in costs.token_buckets if b > 1})
+    return list(CANDIDATES)
 
 
 def _priced(costs: "StepCosts | None", rows: int, ks: list[int]) -> list[tuple[int, float, str]]:
@@ -266,6 +268,14 @@ def cost_table(costs: "StepCosts | None", rows: int) -> list[tuple[int, float, s
     return costs.memo(("cost_table", rows), lambda: _priced(costs, rows, candidate_lengths(costs)))
 
 
+def _room_price(costs: "StepCosts | None", rows: int, room: int) -> tuple[int, float, str]:
+    """The cost ratio of a proposal of exactly `room` tokens (a request near its end, a proposer
+    that offers fewer), memoised with the table."""
+    if costs is None:
+        return _priced(None, rows, [room])[0]
+    return costs.memo(("room", rows, room), lambda: _priced(costs, rows, [room])[0])
+
+
 def choose_length(
     costs: "StepCosts | None",
     rows: int,
@@ -280,22 +290,30 @@ def choose_length(
     + 1] of a k-token proposal, by default the geometric one at `alpha`); 0 unless some k beats
     a plain step by `margin`, and, beside other rows, none whose step costs more than
     `max_step_ratio` decode steps (a request alone slows no one but itself: the value rule only).
-    Between lengths of equal value the longer wins (same bucket, same cost: more to accept)."""
+    Between lengths of equal value the longer wins (same bucket, same cost: more to accept).
+    Runs for every row of every step, so it stays a short loop over memoised figures."""
     rows = max(1, rows)
-    priced = [entry for entry in cost_table(costs, rows) if entry[0] <= room]
-    if 0 < room < CANDIDATES[-1] and all(k != room for k, _, _ in priced):
-        priced += _priced(costs, rows, [room])
-    best = LengthChoice(0, 0, alpha, rows, 1.0, "measured")
-    budget_k = 0
+    if room <= 0:
+        return LengthChoice(0, 0, alpha, rows, 1.0, "measured")
+    if expected is None:
+        expected = lambda k: expected_tokens(alpha, k)  # noqa: E731
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
-    for k, ratio, source in priced:
+    best_k, best_value, best_source, budget_k = 0, 1.0, "measured", 0
+    room_priced = False
+    for k, ratio, source in cost_table(costs, rows):
+        if k >= room:
+            if k > room:  # the room itself, where it is no candidate (costs grow with k: priced last)
+                k, ratio, source = _room_price(costs, rows, room)
+            room_priced = True
         if ratio > limit:
             break  # costs grow with k: longer ones are over the budget too
         budget_k = k
-        value = (expected(k) if expected is not None else expected_tokens(alpha, k)) / ratio
-        if value >= margin and value >= best.value:
-            best = LengthChoice(k, 0, alpha, rows, value, source)
-    return LengthChoice(best.k, budget_k, alpha, rows, best.value, best.cost_from)
+        value = expected(k) / ratio
+        if value >= margin and value >= best_value:
+            best_k, best_value, best_source = k, value, source
+        if room_priced:
+            break
+    return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
 
 
 class LengthController:
@@ -310,6 +328,7 @@ class LengthController:
         self.proposed: Counter[str] = Counter()  # "phase/source" -> tokens
         self.accepted: Counter[str] = Counter()
         self.last: LengthChoice | None = None
+        self._keys: dict[tuple[str, str], str] = {}
 
     def choose(self, kind: str, costs: "StepCosts | None", rows: int, room: int) -> int:
         """This step's proposal length for a proposal of `kind`, at most `room`."""
@@ -334,7 +353,9 @@ class LengthController:
         if proposed <= 0:
             return
         self.rates[kind].observe(proposed, accepted)
-        key = f"{phase}/{source}"
+        key = self._keys.get((phase, source))
+        if key is None:
+            key = self._keys[(phase, source)] = f"{phase}/{source}"
         self.proposed[key] += proposed
         self.accepted[key] += accepted
 
