@@ -19,15 +19,32 @@ numbers in the JSON summary (stdout and `--out`; exit status 1 on any FAIL):
    fla path and torch path (`SELFSPEC_FLA=0` equivalent), each >= 99.5% like `gpu_check.py`.
 3. End to end, fp32: the engine's logits on the fla path (chunks of 1 and 8) against the eager
    model's over 96 positions: max abs error.
+
+The eager references come from a second process of this script (`--reference-out`) in which `fla`
+cannot be imported: with fla installed, transformers binds its Gated DeltaNet functions to fla's
+Triton kernels at import, so an in-process reference runs fla too (TF32 dots in fp32: 0.025 of a 5.3
+logit scale on an H100) and checks the engine against another fast path instead of the model's own
+torch code. Both processes build the same weights (seeded on the same device). In bf16 the eager
+model is asked two ways: one teacher-forced pass over every position (the chunked form: a
+different summation order from any decode) and its own decode loop (one token per forward, with
+its cache: the recurrence the engine's decode runs); the criterion is the decode loop's, the
+one-pass agreement is reported beside it.
 """
 
 from __future__ import annotations
+
+import sys
+
+if "--reference-out" in sys.argv:  # the reference process: transformers falls back to its torch code
+    sys.modules["fla"] = None  # type: ignore[assignment]
 
 import argparse
 import contextlib
 import copy
 import json
-import sys
+import os
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -162,7 +179,60 @@ def eager_top1(model, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
     return top2.indices[:, 0].tolist(), tie
 
 
+def eager_decode_top1(model, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
+    """The eager model's own decode loop, teacher-forced: one token per forward with its cache."""
+    rows = []
+    with torch.inference_mode():
+        out = model(torch.tensor([tokens[:1]], device=DEVICE), use_cache=True)
+        rows.append(out.logits[0, -1].float())
+        for token in tokens[1:-1]:
+            out = model(torch.tensor([[token]], device=DEVICE), past_key_values=out.past_key_values, use_cache=True)
+            rows.append(out.logits[0, -1].float())
+    logits = torch.stack(rows)
+    top2 = logits.topk(2, dim=-1)
+    tie = (top2.values[:, 0] - top2.values[:, 1]) <= top2.values[:, 0].abs() * 2.0**-7
+    return top2.indices[:, 0].tolist(), tie
+
+
+def _tokens(model, positions: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, model.config.vocab_size - 10, (positions + 1,), generator=g).tolist()
+
+
+FP32_POSITIONS = 96
+
+
+def compute_references(shape: str, positions: int) -> dict:
+    """Everything the end-to-end checks compare with, from the eager model of this process."""
+    out: dict = {}
+    model = _model(shape, torch.float32)
+    tokens = _tokens(model, FP32_POSITIONS, seed=1)
+    with torch.inference_mode():
+        out["fp32_logits"] = model(torch.tensor([tokens], device=DEVICE)).logits[0, :-1].float().cpu()
+    del model
+    model = _model(shape, torch.bfloat16)
+    tokens = _tokens(model, positions, seed=0)
+    top, tie = eager_top1(model, tokens)
+    out["bf16_onepass"] = (top, tie.cpu())
+    top, tie = eager_decode_top1(model, tokens)
+    out["bf16_decode"] = (top, tie.cpu())
+    out["fla_in_reference"] = fla_kernels.USABLE
+    return out
+
+
+def references(shape: str, positions: int) -> dict:
+    """The eager references, from a process without fla where fla is installed here."""
+    if not fla_kernels.USABLE:
+        return compute_references(shape, positions)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "reference.pt"
+        command = [sys.executable, __file__, "--shape", shape, "--positions", str(positions)]
+        subprocess.run([*command, "--reference-out", str(path)], check=True, env=os.environ.copy())
+        return torch.load(path)
+
+
 def _model(shape: str, dtype: torch.dtype):
+    torch.manual_seed(0)  # the reference process builds the very same weights
     if shape == "tiny":
         from selfspec.testing.tiny import tiny_model
 
@@ -177,11 +247,16 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def check_end_to_end_bf16(shape: str, positions: int) -> None:
+def _agreement(top: list[int], reference: tuple[list[int], torch.Tensor]) -> tuple[float, float]:
+    ref, tie = reference
+    same = [a == b for a, b in zip(top, ref)]
+    clear = [ok for ok, t in zip(same, tie.tolist()) if not t]
+    return sum(same) / max(1, len(same)), sum(clear) / max(1, len(clear))
+
+
+def check_end_to_end_bf16(shape: str, positions: int, refs: dict) -> None:
     model = _model(shape, torch.bfloat16)
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(10, model.config.vocab_size - 10, (positions + 1,), generator=g).tolist()
-    reference, tie = eager_top1(model, tokens)
+    tokens = _tokens(model, positions, seed=0)
     check_layers(model, torch.bfloat16, f"{shape}-bf16", tol=0.25)
     for path in ("fla", "torch"):
         with fla_enabled(path == "fla"):
@@ -198,15 +273,18 @@ def check_end_to_end_bf16(shape: str, positions: int) -> None:
                 run_all(engine, [seq])
                 _sync()
                 seconds = time.perf_counter() - t0
-                same = [a == b for a, b in zip(recorder.top[:positions], reference)]
-                clear = [ok for ok, t in zip(same, tie.tolist()) if not t]
-                agree = sum(same) / max(1, len(same))
+                top = recorder.top[:positions]
+                agree, clear = _agreement(top, refs["bf16_decode"])
+                onepass, onepass_clear = _agreement(top, refs["bf16_onepass"])
                 report(
                     f"e2e-{shape}-bf16-{path}-chunk{chunk}",
                     agree >= 0.995,
-                    positions=len(same),
+                    positions=len(top),
                     agreement=round(agree, 5),
-                    agreement_without_near_ties=round(sum(clear) / max(1, len(clear)), 5),
+                    agreement_without_near_ties=round(clear, 5),
+                    agreement_one_pass=round(onepass, 5),
+                    agreement_one_pass_without_near_ties=round(onepass_clear, 5),
+                    reference_used_fla=refs["fla_in_reference"],
                     seconds=round(seconds, 2),
                     static=engine.runner.static.stats() if engine.runner.static else None,
                 )
@@ -225,15 +303,13 @@ class LogitRecorder(TeacherForcing):
         return super().verify(engine, seq, logits, proposal)
 
 
-def check_end_to_end_fp32(shape: str, positions: int = 96) -> None:
+def check_end_to_end_fp32(shape: str, refs: dict, positions: int = FP32_POSITIONS) -> None:
     """fp32 engine vs eager logits. An fp32 engine keeps the torch path even with fla installed
     (`fla_kernels.applies`: Triton rounds fp32 dots to TF32, 0.026 of a 5.2 logit scale on an
     H100), so this checks that path on the GPU; the layer checks above run fla in fp32 directly."""
     model = _model(shape, torch.float32)
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(10, model.config.vocab_size - 10, (positions + 1,), generator=g).tolist()
-    with torch.inference_mode():
-        reference = model(torch.tensor([tokens], device=DEVICE)).logits[0, :-1].float()
+    tokens = _tokens(model, positions, seed=1)
+    reference = refs["fp32_logits"][:positions].to(DEVICE)
     check_layers(model, torch.float32, f"{shape}-fp32", tol=2e-3)
     engine = Engine(model, None, EngineConfig(num_slots=2, max_len=positions + 64), eos_token_ids=[])
     for chunk in (1, 8):
@@ -250,6 +326,7 @@ def check_end_to_end_fp32(shape: str, positions: int = 96) -> None:
             max_abs_error=err,
             logit_scale=scale,
             top1_agreement=round((got.argmax(-1) == reference[: len(got)].argmax(-1)).float().mean().item(), 5),
+            reference_used_fla=refs["fla_in_reference"],
         )
     del engine, model
 
@@ -260,13 +337,20 @@ def main() -> int:
     parser.add_argument("--positions", type=int, default=2048)
     parser.add_argument("--out", default=None, help="also write the JSON summary here")
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model: the script's logic only")
+    parser.add_argument("--reference-out", default=None, help=argparse.SUPPRESS)  # the reference process
     args = parser.parse_args()
     global DEVICE
+    if args.reference_out:
+        if args.shape == "tiny":
+            DEVICE = "cpu"
+        torch.save(compute_references(args.shape, args.positions), args.reference_out)
+        return 0
     summary: dict = {"fla_usable": fla_kernels.USABLE, "fla_reason": fla_kernels.REASON}
     if args.dry_run:
         DEVICE, args.shape, args.positions = "cpu", "tiny", min(args.positions, 64)
-        check_end_to_end_fp32(args.shape, 16)
-        check_end_to_end_bf16(args.shape, args.positions)
+        refs = references(args.shape, args.positions)
+        check_end_to_end_fp32(args.shape, refs, 16)
+        check_end_to_end_bf16(args.shape, args.positions, refs)
     elif not fla_kernels.USABLE:
         report("fla-usable", False, reason=fla_kernels.REASON)
     else:
@@ -275,8 +359,9 @@ def main() -> int:
         summary["fla_version"] = getattr(fla, "__version__", "?")
         summary["device"] = torch.cuda.get_device_name()
         start = time.perf_counter()
-        check_end_to_end_fp32(args.shape)
-        check_end_to_end_bf16(args.shape, args.positions)
+        refs = references(args.shape, args.positions)
+        check_end_to_end_fp32(args.shape, refs)
+        check_end_to_end_bf16(args.shape, args.positions, refs)
         summary["seconds"] = round(time.perf_counter() - start, 1)
     summary["results"] = RESULTS
     summary["ok"] = all(r["ok"] for r in RESULTS)
