@@ -240,19 +240,20 @@ def cut_before_end(tokens: Sequence[int], context: Sequence[int], end_variants: 
     always completes in a plain step or as a verify's own token, with nothing after it, so the
     close of thinking sees a context that ends with it. Only the completing token cuts: a
     marker of several tokens ("</", "think", ">") shares them with ordinary text (newlines, "->"),
-    and cutting at any of them would cut most proposals of a chain of thought short."""
+    and cutting at any of them would cut most proposals of a chain of thought short. Runs on
+    every CoT proposal: only a token that ends some variant is looked at further."""
     out = list(tokens)
-    variants = [tuple(v) for v in end_variants if len(v) > 0]
-    if not out or not variants:
-        return out
-    longest = max(len(v) for v in variants)
-    tail = list(context[len(context) - (longest - 1) :]) if longest > 1 else []
-    joined = tail + out
-    for i in range(len(out)):
-        end = len(tail) + i + 1  # joined[:end] ends with out[i]
-        for variant in variants:
+    for i, token in enumerate(out):
+        for variant in end_variants:
+            if not variant or variant[-1] != token:
+                continue
             n = len(variant)
-            if end >= n and tuple(joined[end - n : end]) == variant:
+            before = n - 1  # the variant's tokens before this one: from the proposal, then the context
+            inside = min(before, i)
+            if tuple(out[i - inside : i]) != tuple(variant[before - inside : before]):
+                continue
+            rest = before - inside
+            if rest == 0 or (len(context) >= rest and tuple(context[len(context) - rest :]) == tuple(variant[:rest])):
                 return out[:i]
     return out
 

@@ -35,3 +35,30 @@ def test_single_token_markers_and_none():
     assert cut_before_end([5, 6, 99, 7], [1], [(99,)]) == [5, 6]
     assert cut_before_end([5, 6], [1], []) == [5, 6]
     assert cut_before_end([], [9, 17], END) == []
+
+
+def _naive_cut(tokens, context, variants):
+    """The definition: the first i such that context + tokens[: i + 1] ends with a variant."""
+    joined = list(context)
+    for i, token in enumerate(tokens):
+        joined.append(token)
+        if any(len(joined) >= len(v) and tuple(joined[-len(v) :]) == tuple(v) for v in variants):
+            return list(tokens[:i])
+    return list(tokens)
+
+
+def test_matches_the_definition_on_random_text():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        variants = [
+            tuple(rng.choice((4, 9, 17, 22)) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 2))
+        ]
+        context = [rng.choice((1, 4, 9, 17, 22)) for _ in range(rng.randint(0, 4))]
+        tokens = [rng.choice((1, 4, 9, 17, 22)) for _ in range(rng.randint(0, 10))]
+        assert cut_before_end(tokens, context, variants) == _naive_cut(tokens, context, variants), (
+            tokens,
+            context,
+            variants,
+        )
