@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from selfspec.engine import moe
 from selfspec.engine.fusion import fused
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,6 +117,7 @@ class StaticForward:
     graph: torch.cuda.CUDAGraph | None = None
     capture_seconds: float = 0.0
     replays: int = 0
+    experts: str | None = None  # the experts blocks' form in this shape's body (`engine.moe`)
     extra: dict = field(default_factory=dict)
 
 
@@ -154,6 +156,7 @@ class StaticForwardPool:
         self.capture_seconds = 0.0
         self.capture_error: str | None = None
         self.slot_attention_error: str | None = None
+        self.experts_blocks = moe.experts_modules(runner.model)  # MoE blocks to run in a capturable form
 
     # ------------------------------------------------------------------ shape selection
     def needs_snapshots(self, chunks: list["Chunk"]) -> bool:
@@ -227,6 +230,7 @@ class StaticForwardPool:
         packed[3].copy_(torch.arange(t, device=self.device).expand(b, t))
         packed[4].fill_(scratch)
         forward = StaticForward(batch=b, tokens=t, keys=k, packed=packed, snapshots=snapshots)
+        forward.experts = moe.static_experts(self.experts_blocks, b, t)
         if self.capture:
             start = time.perf_counter()
             try:
@@ -288,7 +292,10 @@ class StaticForwardPool:
             positions=positions,
             direct=runner.slot_attention,
         )
-        with fused() if runner.fused_pointwise else contextlib.nullcontext():
+        with (
+            fused() if runner.fused_pointwise else contextlib.nullcontext(),
+            moe.experts_implementation(self.experts_blocks, forward.experts),
+        ):
             logits = runner.call_model(ids, attention_mask, positions, t)
         self.logits_out[:b, :t].copy_(logits)
         self.argmax_out[:b, :t].copy_(logits.argmax(dim=-1))
@@ -326,6 +333,10 @@ class StaticForwardPool:
             "verify_shapes": len(self.snapshot_forwards),
             "snapshot_tokens": self.snapshot_tokens if self.stateful else None,
             "eager_reasons": dict(self.eager_reasons),
+            "experts": dict(Counter(f.experts for f in self._all() if f.experts is not None)),
             "capture_seconds": round(self.capture_seconds, 3),
-            "replays": sum(f.replays for f in [*self.forwards.values(), *self.snapshot_forwards.values()]),
+            "replays": sum(f.replays for f in self._all()),
         }
+
+    def _all(self) -> list[StaticForward]:
+        return [*self.forwards.values(), *self.snapshot_forwards.values()]
