@@ -162,11 +162,14 @@ class AutoLookupPolicy(ThinkingPolicy):
         room = self._proposal_room(max_tokens)
         if room <= 0:
             return None
-        k = self.lengths.choose(self._kind(), engine.step_costs, _rows(engine), _capped(room, self._capacity))
-        if k == 0:
+        # The copy first, then its length: a step with nothing to copy makes no length decision,
+        # and no length beyond what the copy offers is priced.
+        tokens = self.proposer.propose(seq.token_ids, _capped(room, self._capacity)).tokens
+        if not tokens:
             return None
-        proposal = self.proposer.propose(seq.token_ids, k)
-        return Proposal(proposal.tokens, source=self._kind()) if proposal.tokens else None
+        kind = self._kind()
+        k = self.lengths.choose(kind, engine.step_costs, _rows(engine), len(tokens))
+        return Proposal(tokens[:k], source=kind) if k > 0 else None
 
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
         if outcome.proposal is not None and outcome.proposal.source is not None:
@@ -203,8 +206,16 @@ class AutoSSRPolicy(SSRPolicy):
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         kind = self._kind()
-        room = _capped(max_tokens, self._thinking_capacity) if kind == "thinking" else max_tokens
-        k = self.lengths.choose(kind, engine.step_costs, _rows(engine), room)
+        if kind == "thinking":
+            # The CoT's copy first, then its length (as on the lookup path).
+            proposal = super().propose(engine, seq, _capped(max_tokens, self._thinking_capacity))
+            if proposal is None:
+                return None
+            k = self.lengths.choose(kind, engine.step_costs, _rows(engine), len(proposal.tokens))
+            if k == 0:
+                return None
+            return proposal if k >= len(proposal.tokens) else Proposal(proposal.tokens[:k], source=proposal.source)
+        k = self.lengths.choose(kind, engine.step_costs, _rows(engine), max_tokens)
         if k == 0:
             return None
         suffix = self.answer.suffix_proposer
