@@ -9,6 +9,8 @@ prefix > 0, suffix runs). Each vLLM engine takes ~20 s to build, so they are mod
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -46,6 +48,11 @@ ENGINE_ARGS = dict(
 )
 if torch.cuda.is_available():  # CUDA vLLM: several engines share one GPU, each asks for a fraction of it
     ENGINE_ARGS["gpu_memory_utilization"] = 0.1
+TENSOR_PARALLEL = int(os.environ.get("SELFSPEC_VLLM_TP", "1"))
+"""Every engine of these tests (and of the modules that take ENGINE_ARGS) at this tensor-parallel size: the
+two-GPU queue runs them at 2, plain and SSR alike (`tools/gpu/queues/vllm_tp2.txt`)."""
+if TENSOR_PARALLEL > 1:
+    ENGINE_ARGS["tensor_parallel_size"] = TENSOR_PARALLEL
 
 
 def _save(path, which: str):

@@ -31,7 +31,7 @@ def test_tensor_parallel_2_matches_plain(tmp_path, monkeypatch):
     base = VLLMEngine(path, speculation=False, **ENGINE_ARGS)
     expected = base.generate(PROMPTS, params, limits=ThinkingLimits(cot_cap=20, answer_cap=24), thinking=True)
     del base
-    ssr = VLLMEngine(path, speculation=True, num_speculative_tokens=8, tensor_parallel_size=2, **ENGINE_ARGS)
+    ssr = VLLMEngine(path, speculation=True, num_speculative_tokens=8, **{**ENGINE_ARGS, "tensor_parallel_size": 2})
     got = ssr.generate(
         PROMPTS,
         params,
