@@ -212,9 +212,10 @@ class SSRPolicy(ThinkingPolicy):
         super().on_finish(engine, seq)
         finished_answer = self.phase is Phase.ANSWER and seq.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
         if self.acceptance is not None and finished_answer and self.config.reuse != "off":
-            # What this request's drafts were worth, for the gate of the requests after it.
+            # What this request's drafts were worth, for the gate of the requests after it (an answer
+            # that ended inside the draft's prefix counts its whole match: `taken_from_drafts`).
             drafted = sum(len(d.tokens) for d in self.drafts)
-            self.acceptance.record(drafted, self.answer.accepted_prefix + self.answer.suffix_accepted)
+            self.acceptance.record(drafted, self.answer.taken_from_drafts(self.metrics.answer_tokens))
         if engine is not None:
             backend = _EngineDrafts(self, engine, seq)
             for draft in self.drafts:

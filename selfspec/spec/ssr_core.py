@@ -553,13 +553,22 @@ class AnswerSpeculator:
         return max(0, self.prefix_cursor - max(anchor, self.prefix_start))
 
     # ------------------------------------------------------------------ metrics
+    def matched_prefix(self) -> int:
+        """Draft tokens the answer has taken in the prefix stage so far: `accepted_prefix` is set
+        only when the stage is left, and an answer that ends inside the draft never leaves it."""
+        return self._prefix_matched() if self.stage is SSRStage.PREFIX else self.accepted_prefix
+
+    def taken_from_drafts(self, answer_tokens: int) -> int:
+        """Answer tokens the drafts gave: the matched prefix (at most the answer: a bonus token cut by
+        a cap never became one) and the suffix stage's accepted tokens."""
+        return min(self.matched_prefix(), answer_tokens) + self.suffix_accepted
+
     def report(self, answer_tokens: int) -> dict:
         """The answer-phase metrics; `answer_tokens` caps the accepted prefix (a bonus token cut
         by a cap never became an answer token)."""
-        matched = self._prefix_matched() if self.stage is SSRStage.PREFIX else self.accepted_prefix
         return {
             "suffix_skipped_steps": self.suffix_skipped_steps,
-            "accepted_prefix": min(matched, answer_tokens),
+            "accepted_prefix": min(self.matched_prefix(), answer_tokens),
             "suffix_accepted_tokens": self.suffix_accepted,
             "answer_verify_steps": self.answer_verify_steps,
             "answer_forwards": self.answer_forwards,

@@ -189,3 +189,28 @@ def test_each_llm_learns_its_drafts_acceptance_from_finished_requests(zero_atten
     assert history.requests == 2 and history.drafted > 0
     estimate = history.estimate(SSRConfig().gate_acceptance)
     assert estimate > 0.5 if direction == "up" else estimate < 0.5
+
+
+@pytest.mark.parametrize("reuse", ["prefix", "prefix+suffix"])
+def test_history_records_what_the_answers_took_from_the_drafts(reuse):
+    """An answer that ends inside its draft (the bigram model's drafts are its answers; the answer cap
+    ends it within the draft) never leaves the prefix stage; what it took must still reach the history,
+    as it reaches the request's metrics. Recording the stage's exit value instead wrote 0 for exactly the
+    drafts that paid best, and the gate of the requests after them then priced drafts as rejected."""
+    tok = tiny_tokenizer()
+    model = bigram_model(len(tok), seed=5, eos_token_id=tok.eos_token_id)
+    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=16, max_len=512))
+    outs = llm.generate(
+        ["What is 12 + 30?", "hello", "Route from A to B", "def add(a, b):"],
+        SamplingParams(max_tokens=300),
+        limits=ThinkingLimits(cot_cap=100, answer_cap=40),
+        thinking=True,
+        spec=SSRConfig(draft_budgets=[5], max_draft_len=80, reuse=reuse),
+    )
+    taken = [
+        min(o.metrics["draft_tokens"], o.metrics["accepted_prefix"] + o.metrics["suffix_accepted_tokens"]) for o in outs
+    ]
+    history = llm.draft_acceptance
+    assert history.requests == len(outs) and sum(taken) > 0
+    assert history.accepted == sum(taken)
+    assert history.drafted == sum(o.metrics["draft_tokens"] for o in outs)
