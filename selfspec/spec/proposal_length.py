@@ -87,9 +87,9 @@ class AcceptanceRate:
         self._kept = [0.0] * (MAX_POSITIONS + 1)  # [i]: weighted proposals whose i-th token was kept
         self._offered = [0.0] * (MAX_POSITIONS + 1)  # [i]: ... that reached i - 1 and offered an i-th token
         self._scale = 1.0
-        self._gains = [0.0]  # E[accepted | k] for k < len, extended on demand, reset when counts change
-        self._survive = 1.0  # the product of the rates up to len(_gains) - 1
-        self._last_rate = min(prior, MAX_ALPHA)  # the rate of position len(_gains) - 1 (the prior before any)
+        # E[accepted | k] for k < len(_gains), extended on demand; the product of the rates and the
+        # rate of position len(_gains) - 1 (the prior before any), where the extension resumes.
+        self._forget_gains()
 
     @property
     def value(self) -> float:
@@ -111,7 +111,7 @@ class AcceptanceRate:
         for i in range(1, min(proposed, accepted + 1, MAX_POSITIONS) + 1):
             offered[i] = decay * offered[i] + one
             kept[i] = decay * kept[i] + (one if i <= accepted else 0.0)
-        self._gains, self._survive, self._last_rate = [0.0], 1.0, min(self.prior, MAX_ALPHA)
+        self._forget_gains()
 
     def idle(self) -> None:
         """A step without a proposal of this kind: the evidence fades a little."""
@@ -125,6 +125,10 @@ class AcceptanceRate:
             self._kept = [x * self._scale for x in self._kept]
             self._offered = [x * self._scale for x in self._offered]
             self._scale = 1.0
+        self._forget_gains()
+
+    def _forget_gains(self) -> None:
+        """The counts changed: the expected gains are rebuilt on the next `expected`."""
         self._gains, self._survive, self._last_rate = [0.0], 1.0, min(self.prior, MAX_ALPHA)
 
     def expected(self, k: int) -> float:
