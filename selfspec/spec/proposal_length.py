@@ -137,14 +137,17 @@ class AcceptanceRate:
         gains, upto = self._gains, min(k, MAX_POSITIONS)
         if len(gains) <= upto:
             w, scale = self.prior_weight, self._scale
-            survive, rate = self._survive, self._last_rate
+            survive, rate, total = self._survive, self._last_rate, gains[-1]
+            kept, offered, append = self._kept, self._offered, gains.append
             for i in range(len(gains), upto + 1):
                 # Position i shrinks toward position i - 1's rate (the first toward the prior): where
                 # nothing was offered yet, a copy is assumed to go on as its last known tokens did. The
                 # carried rate is capped, so the pseudo-trials are never all kept: every rate stays < 1.
-                rate = (self._kept[i] * scale + w * min(rate, MAX_ALPHA)) / (self._offered[i] * scale + w)
+                carried = rate if rate < MAX_ALPHA else MAX_ALPHA
+                rate = (kept[i] * scale + w * carried) / (offered[i] * scale + w)
                 survive *= rate
-                gains.append(gains[-1] + survive)
+                total += survive
+                append(total)
             self._survive, self._last_rate = survive, rate
         if k <= MAX_POSITIONS:
             return 1.0 + gains[k]
@@ -230,7 +233,7 @@ def cost_ratio(
     return (1.0 + q * rows * tokens) / (1.0 + q * rows), "prior"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LengthChoice:
     """One step's decision and the figures it rested on."""
 
@@ -280,6 +283,28 @@ def _room_price(costs: "StepCosts | None", rows: int, room: int) -> tuple[int, f
     return costs.memo(("room", rows, room), lambda: _priced(costs, rows, [room])[0])
 
 
+def _step_plan(
+    costs: "StepCosts | None", rows: int, room: int, limit: float
+) -> tuple[list[tuple[int, float, str]], int]:
+    """The lengths a step of `rows` rows with `room` tokens of room may choose between, each with
+    its cost ratio: the candidates below the room, then the room itself, cut where a step would
+    cost more than `limit` decode steps (costs grow with k: longer ones are over it too); and the
+    longest length under the budget. Depends only on the costs, so memoised with the cost table."""
+    plan: list[tuple[int, float, str]] = []
+    budget_k = 0
+    for k, ratio, source in cost_table(costs, rows):
+        at_room = k >= room
+        if k > room:  # the room itself, where it is no candidate (priced last)
+            k, ratio, source = _room_price(costs, rows, room)
+        if ratio > limit:
+            break
+        budget_k = k
+        plan.append((k, ratio, source))
+        if at_room:
+            break
+    return plan, budget_k
+
+
 def choose_length(
     costs: "StepCosts | None",
     rows: int,
@@ -295,28 +320,22 @@ def choose_length(
     a plain step by `margin`, and, beside other rows, none whose step costs more than
     `max_step_ratio` decode steps (a request alone slows no one but itself: the value rule only).
     Between lengths of equal value the longer wins (same bucket, same cost: more to accept).
-    Runs for every row of every step, so it stays a short loop over memoised figures."""
+    Runs for every row of every step, so it is a short loop over a memoised plan."""
     rows = max(1, rows)
     if room <= 0:
         return LengthChoice(0, 0, alpha, rows, 1.0, "measured")
     if expected is None:
         expected = lambda k: expected_tokens(alpha, k)  # noqa: E731
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
-    best_k, best_value, best_source, budget_k = 0, 1.0, "measured", 0
-    room_priced = False
-    for k, ratio, source in cost_table(costs, rows):
-        if k >= room:
-            if k > room:  # the room itself, where it is no candidate (costs grow with k: priced last)
-                k, ratio, source = _room_price(costs, rows, room)
-            room_priced = True
-        if ratio > limit:
-            break  # costs grow with k: longer ones are over the budget too
-        budget_k = k
+    if costs is None:
+        plan, budget_k = _step_plan(None, rows, room, limit)
+    else:
+        plan, budget_k = costs.memo(("plan", rows, room, limit), lambda: _step_plan(costs, rows, room, limit))
+    best_k, best_value, best_source = 0, 1.0, "measured"
+    for k, ratio, source in plan:
         value = expected(k) / ratio
         if value >= margin and value >= best_value:
             best_k, best_value, best_source = k, value, source
-        if room_priced:
-            break
     return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
 
 

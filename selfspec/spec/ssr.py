@@ -83,6 +83,11 @@ class DraftPolicy(SequencePolicy):
             self.draft.probs = seq.sampled_probs  # the engine's list, grown in place
 
 
+def _draft_running(draft: Draft) -> bool:
+    """A draft's forked sequence still decodes (the engine backend's `draft_running`)."""
+    return not draft.seq.is_finished
+
+
 class _EngineDrafts:
     """`ssr_core.DraftBackend` over this engine: a draft is a forked sequence (KV copied, no
     recompute) with the end-of-thinking tokens appended; cancelling frees its slot."""
@@ -112,7 +117,7 @@ class _EngineDrafts:
         self.engine.cancel(draft.seq, reason)
 
     def draft_running(self, draft: Draft) -> bool:
-        return not draft.seq.is_finished
+        return _draft_running(draft)
 
     def step_costs(self):
         """The engine's measured step costs, and its running rows less this request's drafts."""
@@ -189,7 +194,9 @@ class SSRPolicy(ThinkingPolicy):
         self._consume(engine, seq)
         if seq.is_finished or self.phase is not Phase.THINKING:
             return
-        self.schedule.on_cot(self.metrics.cot_tokens, list(self.fmt.close_ids), _EngineDrafts(self, engine, seq))
+        cot_tokens = self.metrics.cot_tokens
+        if self.schedule.wants_step(cot_tokens, _draft_running):
+            self.schedule.on_cot(cot_tokens, list(self.fmt.close_ids), _EngineDrafts(self, engine, seq))
 
     def on_thinking_closed(self, engine: "Engine", seq: "Sequence") -> None:
         """The parent's CoT is complete: stop drafting, set up verification."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, Literal, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Literal, Protocol, Sequence
 
 import torch
 from pydantic import Field, model_validator
@@ -270,6 +270,15 @@ class DraftSchedule:
         self.fork_failures = 0
         self.converged_at: int | None = None  # CoT length at which two drafts agreed (converge_tokens)
         self.gate = DraftGate(config, history) if config.gate == "cost" else None
+
+    def wants_step(self, cot_tokens: int, running: Callable[[Draft], bool]) -> bool:
+        """Whether `on_cot` has anything to do at `cot_tokens`: a budget reached, or (with the cost
+        gate) a draft still running (`running`, the backend's `draft_running`), judged every step.
+        Asked every CoT step before the backend `on_cot` needs is built, so a parent with nothing
+        pending pays a comparison, not a backend and a gate."""
+        if self.budgets and cot_tokens >= self.budgets[0]:
+            return True
+        return self.gate is not None and any(running(d) for d in self.drafts)
 
     def on_cot(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> None:
         """The parent has `cot_tokens` CoT tokens and still thinks: fork every budget reached
