@@ -83,3 +83,33 @@ def test_converged_drafting_keeps_the_output_with_fewer_drafts(bigram_llm):
         assert s.metrics["drafts"] < e.metrics["drafts"]
         assert s.metrics["accepted_prefix"] > 0
     assert llm.engine.scheduler.slots.num_used == 0, "slots leaked"
+
+
+@pytest.mark.parametrize("gate", ["always", "cost"])
+def test_a_step_the_schedule_does_not_want_is_one_on_cot_ignores(gate):
+    """`wants_step` lets the parent skip `on_cot` (and building its backend) on most CoT steps: it
+    must be True on every step where `on_cot` would fork, cancel or judge a running draft."""
+    config = SSRConfig(draft_interval=10, converge_tokens=None, gate=gate, gate_probe_steps=1)
+    schedule = DraftSchedule(config, cot_cap=60, thinking=True)
+    backend = ScriptedDrafts([[1, 2, 3]] * 6)
+    judged: list[int] = []
+    if schedule.gate is not None:
+        original = schedule.gate.while_drafting
+        schedule.gate.while_drafting = lambda *a, **k: judged.append(a[2]) or original(*a, **k)
+    skipped = []
+    for cot in range(1, 60):
+        if cot == 35:
+            schedule.cancel_running(backend, "test: nothing runs until the next budget")
+        if schedule.wants_step(cot, backend.draft_running):
+            schedule.on_cot(cot, [9], backend)
+        else:
+            before = (len(backend.forked), list(backend.cancelled), list(schedule.budgets), len(judged))
+            schedule.on_cot(cot, [9], backend)  # what skipping it would have missed: nothing
+            assert (len(backend.forked), list(backend.cancelled), list(schedule.budgets), len(judged)) == before
+            skipped.append(cot)
+    assert len(backend.forked) == 5  # budgets 10..50
+    if gate == "always":
+        assert len(skipped) == 59 - 5  # only the budgets need the schedule
+    else:
+        assert 35 in skipped and 36 in skipped and 40 not in skipped  # nothing ran between 35 and 40
+        assert judged  # a running draft was judged on the steps it was asked
