@@ -198,6 +198,7 @@ class AutoSSRPolicy(SSRPolicy):
         self.lengths = config.controller()
         self._answer_source = "lookup"  # what the last answer-stage proposal came from
         self._thinking_capacity = proposer_capacity(self.proposer)  # the CoT's copies never offer more
+        self._fed = 1  # tokens this request fed in its latest step (1 + its proposal): what its drafts may match
 
     def _kind(self) -> str:
         if self.phase is not Phase.ANSWER:
@@ -205,6 +206,11 @@ class AutoSSRPolicy(SSRPolicy):
         return "draft_prefix" if self.answer.stage is SSRStage.PREFIX else "answer"
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        proposal = self._propose(engine, seq, max_tokens)
+        self._fed = 1 + (len(proposal.tokens) if proposal is not None else 0)
+        return proposal
+
+    def _propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         kind = self._kind()
         if kind == "thinking":
             # The CoT's copy first, then its length (as on the lookup path).
@@ -230,8 +236,23 @@ class AutoSSRPolicy(SSRPolicy):
     def draft_proposal_room(self, engine: "Engine", max_tokens: int) -> int:
         """A draft child's own proposal is a verify in the parent's steps: sized by the same rule
         as the parent's, from the drafts' own acceptance (a draft copying the CoT accepts much,
-        one guessing does not), so where long verifies are dear (a CPU) the draft decodes plainly."""
-        return self.lengths.choose("draft", engine.step_costs, _rows(engine), max_tokens)
+        one guessing does not), so where long verifies are dear (a CPU) the draft decodes plainly.
+        And never wider than the parent's own row (its padded bucket, where steps are padded): the
+        rows of a step are padded to its widest, so a draft verifying 64 tokens beside a parent
+        verifying 8 makes the parent's step a 64-token one. The draft needs only to keep pace with
+        the parent, which a row as wide as the parent's does; a wider one bills the parent (on an
+        H100, with drafts verifying up to 63 tokens, auto's forwards on arithmetic search took
+        8.6% more GPU time than prompt lookup's, for 2% fewer of them)."""
+        costs = engine.step_costs
+        room = min(max_tokens, self._draft_width(costs) - 1)
+        if room <= 0:
+            return 0
+        return self.lengths.choose("draft", costs, _rows(engine), room)
+
+    def _draft_width(self, costs) -> int:
+        """The widest row a draft may feed this step: the parent's latest row, up to its bucket."""
+        bucket = costs.bucket(self._fed) if costs is not None and costs.padded else None
+        return bucket if bucket is not None else self._fed
 
     def on_draft_step(self, outcome: StepOutcome) -> None:
         self.lengths.record("draft", "thinking", "draft_own", outcome.proposed, outcome.accepted)

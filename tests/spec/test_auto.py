@@ -329,8 +329,10 @@ def test_a_draft_childs_own_proposals_are_sized_by_the_parents_rule():
     dear = AutoSSRPolicy(auto, _ctx(thinking=True))
     assert dear.draft_proposal_room(_Running(_costs(lambda r, t: 0.01 * r * t), 2), 64) == 0
     cheap = AutoSSRPolicy(auto, _ctx(thinking=True))
-    assert cheap.draft_proposal_room(_Running(_costs(_gpu), 2), 64) >= 8
+    cheap._fed = 17  # the parent verified 16 tokens in its latest step
+    assert 8 <= cheap.draft_proposal_room(_Running(_costs(_gpu), 2), 64) <= 16
     middling = AutoSSRPolicy(auto, _ctx(thinking=True))
+    middling._fed = 17
     assert middling.draft_proposal_room(_Running(_costs(_cpu), 2), 64) > 0
     for _ in range(8):
         middling.on_draft_step(StepOutcome(Proposal([5] * 16), 0, (5,)))
@@ -539,3 +541,29 @@ def test_copies_that_are_right_or_wrong_in_runs_are_valued_by_position():
     controller = LengthController({"thinking": 0.6})
     controller.rates["thinking"] = rate
     assert controller.choose("thinking", costs, 1, 64) >= 15
+
+
+def test_a_draft_never_widens_its_parents_step():
+    """The rows of a step are padded to the widest: a draft's own proposal fills at most the
+    parent's row (its bucket, on padded steps), however cheap a longer verify looks, and a draft
+    beside a parent decoding plainly decodes plainly too."""
+    from selfspec.engine.policy import Proposal, StepOutcome
+    from selfspec.spec.auto import AutoSSRPolicy
+
+    costs = StepCosts(BUCKETS)
+    for rows in (1, 2):
+        for tokens in BUCKETS:
+            for _ in range(4):
+                costs.observe([tokens] * rows, _bucketed(rows, tokens))
+    policy = AutoSSRPolicy(AutoConfig(), _ctx(thinking=True))
+    running = _Running(costs, 2)
+    assert policy.draft_proposal_room(running, 63) == 0  # the parent fed one token
+    for _ in range(8):  # drafts whose copies are kept whole: the rule alone would verify 63
+        policy.on_draft_step(StepOutcome(Proposal([5] * 31), 31, (5,)))
+    policy._fed = 9  # 8 proposed: the 16 bucket
+    assert policy.draft_proposal_room(running, 63) == 15
+    policy._fed = 33  # the 64 bucket
+    assert policy.draft_proposal_room(running, 63) == 63
+    eager = _costs(_gpu)  # unpadded steps: the parent's row itself
+    policy._fed = 9
+    assert policy.draft_proposal_room(_Running(eager, 2), 63) <= 8
