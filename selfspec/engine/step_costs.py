@@ -107,6 +107,12 @@ class StepCosts:
             self._memo.clear()
             self._memo_version = self.version
 
+    @property
+    def memo_table(self) -> dict[Any, Any]:
+        """The memo itself, for callers that look a figure up on every row of every step (a dict
+        `get` with no closure to build); a miss goes through `memo`."""
+        return self._memo
+
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
         """`compute()` once per `MEMO_STEPS` observations (or a newly measured shape): figures
         policies derive from the samples (a fitted line, a cost table) are asked for by every row

@@ -131,9 +131,9 @@ class AcceptanceRate:
         """The counts changed: the expected gains are rebuilt on the next `expected`."""
         self._gains, self._survive, self._last_rate = [0.0], 1.0, min(self.prior, MAX_ALPHA)
 
-    def expected(self, k: int) -> float:
-        """E[accepted + 1] of a k-token proposal."""
-        k = max(0, k)
+    def gains(self, k: int) -> list[float]:
+        """E[accepted | j] for every j up to min(k, MAX_POSITIONS), as a list indexed by j (rebuilt
+        once after the counts change, extended on demand): the length rule reads it directly."""
         gains, upto = self._gains, min(k, MAX_POSITIONS)
         if len(gains) <= upto:
             w, scale = self.prior_weight, self._scale
@@ -149,6 +149,12 @@ class AcceptanceRate:
                 total += survive
                 append(total)
             self._survive, self._last_rate = survive, rate
+        return gains
+
+    def expected(self, k: int) -> float:
+        """E[accepted + 1] of a k-token proposal."""
+        k = max(0, k)
+        gains = self.gains(k)
         if k <= MAX_POSITIONS:
             return 1.0 + gains[k]
         rate, survive = min(self._last_rate, MAX_ALPHA), self._survive  # beyond: the last known rate goes on
@@ -205,6 +211,7 @@ def fitted_line(costs: "StepCosts | None", rows: int) -> tuple[float, float] | N
 
 
 _NOT_GIVEN: Any = object()
+_UNLIMITED = float("inf")
 
 
 def cost_ratio(
@@ -327,16 +334,26 @@ def choose_length(
     if expected is None:
         expected = lambda k: expected_tokens(alpha, k)  # noqa: E731
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
-    if costs is None:
-        plan, budget_k = _step_plan(None, rows, room, limit)
-    else:
-        plan, budget_k = costs.memo(("plan", rows, room, limit), lambda: _step_plan(costs, rows, room, limit))
+    plan, budget_k = step_plan(costs, rows, room, limit)
     best_k, best_value, best_source = 0, 1.0, "measured"
     for k, ratio, source in plan:
         value = expected(k) / ratio
         if value >= margin and value >= best_value:
             best_k, best_value, best_source = k, value, source
     return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
+
+
+def step_plan(
+    costs: "StepCosts | None", rows: int, room: int, limit: float
+) -> tuple[list[tuple[int, float, str]], int]:
+    """`_step_plan`, memoised with the cost table (a dict lookup: it runs for every row of every step)."""
+    if costs is None:
+        return _step_plan(None, rows, room, limit)
+    key = ("plan", rows, room, limit)
+    plan = costs.memo_table.get(key)
+    if plan is None:
+        plan = costs.memo(key, lambda: _step_plan(costs, rows, room, limit))
+    return plan
 
 
 class LengthController:
@@ -350,26 +367,33 @@ class LengthController:
         self.k_counts: Counter[int] = Counter()
         self.proposed: Counter[str] = Counter()  # "phase/source" -> tokens
         self.accepted: Counter[str] = Counter()
-        self.last: LengthChoice | None = None
+        self.last: tuple[int, int, int, str] | None = None  # (k, budget_k, rows, cost source) of the latest choice
         self._keys: dict[tuple[str, str], str] = {}
 
     def choose(self, kind: str, costs: "StepCosts | None", rows: int, room: int) -> int:
-        """This step's proposal length for a proposal of `kind`, at most `room`."""
+        """This step's proposal length for a proposal of `kind`, at most `room`: `choose_length`
+        with this request's acceptance of `kind`, inlined (it runs for every row of every step, and
+        on a GPU its host time is a visible share of a small model's step)."""
         rate = self.rates[kind]
-        choice = choose_length(
-            costs,
-            rows,
-            rate.value,
-            room,
-            margin=self.margin,
-            max_step_ratio=self.max_step_ratio,
-            expected=rate.expected,
-        )
-        self.last = choice
-        self.k_counts[choice.k] += 1
-        if choice.k == 0:
+        rows = rows if rows > 1 else 1
+        if room <= 0:
+            self.last = (0, 0, rows, "measured")
+            self.k_counts[0] += 1
+            return 0
+        limit = self.max_step_ratio if rows > 1 else _UNLIMITED
+        plan, budget_k = step_plan(costs, rows, room, limit)
+        gains = rate.gains(plan[-1][0]) if plan else None
+        margin = self.margin
+        best_k, best_value, best_source = 0, 1.0, "measured"
+        for k, ratio, source in plan:
+            value = ((1.0 + gains[k]) if k <= MAX_POSITIONS else rate.expected(k)) / ratio
+            if value >= margin and value >= best_value:
+                best_k, best_value, best_source = k, value, source
+        self.last = (best_k, budget_k, rows, best_source)
+        self.k_counts[best_k] += 1
+        if best_k == 0:
             rate.idle()
-        return choice.k
+        return best_k
 
     def record(self, kind: str, phase: str, source: str, proposed: int, accepted: int) -> None:
         """A verified proposal: moves the acceptance rate of `kind`, counts it under phase/source."""
@@ -391,5 +415,5 @@ class LengthController:
             "acceptance_rate": {kind: round(rate.value, 3) for kind, rate in self.rates.items()},
             "last_choice": None
             if last is None
-            else {"k": last.k, "budget_k": last.budget_k, "rows": last.rows, "cost_from": last.cost_from},
+            else {"k": last[0], "budget_k": last[1], "rows": last[2], "cost_from": last[3]},
         }

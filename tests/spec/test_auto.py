@@ -567,3 +567,27 @@ def test_a_draft_never_widens_its_parents_step():
     eager = _costs(_gpu)  # unpadded steps: the parent's row itself
     policy._fed = 9
     assert policy.draft_proposal_room(_Running(eager, 2), 63) <= 8
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_controller_decides_as_choose_length_does(padded):
+    """`LengthController.choose` inlines `choose_length` (it runs for every row of every step):
+    over random acceptance histories, batch sizes and rooms it picks the same length."""
+    if padded:
+        costs = StepCosts(BUCKETS)
+        for rows in (1, 2, 5, 6):
+            for tokens in BUCKETS:
+                for _ in range(4):
+                    costs.observe([tokens] * rows, _bucketed(rows, tokens))
+    else:
+        costs = _costs(_cpu)
+    rng = np.random.default_rng(1)
+    controller = LengthController({"thinking": 0.6}, margin=1.1, max_step_ratio=1.5)
+    rate = controller.rates["thinking"]
+    for _ in range(400):
+        proposed = int(rng.integers(1, 65))
+        rate.observe(proposed, int(rng.integers(0, proposed + 1)) if rng.random() < 0.5 else 0)
+        rows, room = int(rng.choice([1, 2, 5, 16])), int(rng.integers(0, 90))
+        want = choose_length(costs, rows, rate.value, room, margin=1.1, max_step_ratio=1.5, expected=rate.expected)
+        assert controller.choose("thinking", costs, rows, room) == want.k, (rows, room)
+        assert controller.report()["last_choice"]["budget_k"] == want.budget_k
