@@ -58,7 +58,8 @@ class AutoConfig(MethodConfig):
       or "longest" (the longer of prompt lookup and SuffixDecoding over the request's context:
       more host time per step, worth it where a step costs milliseconds).
     draft_interval / converge_tokens / max_draft_len: SSR's iterative drafting (a draft every
-      `draft_interval` CoT tokens, none once two drafts agree on `converge_tokens` tokens).
+      `draft_interval` CoT tokens; a draft that agrees with the one before it on its first
+      `converge_tokens` tokens is dropped at once and no more are forked).
     min_answer_tokens: a thinking request whose answer may be at most this long (answer cap or
       max_tokens) takes the lookup path: a draft cannot save more than the answer.
     acceptance_prior / prefix_acceptance_prior: the per-token acceptance assumed before a
@@ -88,6 +89,7 @@ class AutoConfig(MethodConfig):
             thinking_speculator=self.lookup,
             gate="cost",
             converge_tokens=self.converge_tokens,
+            converge_early=True,
             speculate_drafts=True,
         )
 

@@ -3,12 +3,19 @@
 A draft is one more row in every step while it runs. Each draft token costs the batch the
 extra row (`row_cost`, a fraction of a step, paid by every request in the step: `rows` of
 them), and each draft token the model later accepts saves this request most of a decode step
-(it is verified in a long chunk instead, at `verify_cost` of a step per token). With an
-expected acceptance `a`, a draft pays when
+(it is verified in a long chunk instead, at `verify_cost` of a step per token). Most of a
+decode step, not all: without the draft the answer would still be speculated by copying (prompt
+lookup over prompt + CoT), which on an answer that restates its CoT commits several tokens per
+step. So a draft token is worth the steps the copy path would spend on it (`copy_share`: copy-path
+steps per answer token, 1.0 where nothing copies) less its verify. With an expected acceptance
+`a`, a draft pays when
 
-    a * (1 - verify_cost) > margin * rows * row_cost
+    a * (copy_share - verify_cost) > margin * rows * row_cost
 
-whatever its length (cost and gain both grow with the tokens it writes). The engine measures
+whatever its length (cost and gain both grow with the tokens it writes). `copy_share` is learned
+like the acceptance: each finished request replays prompt lookup over its own answer
+(`copy_steps`: greedy decoding makes the answer the one the copy path would have produced, so
+the count is exact up to the length rule) and the LLM's history keeps the total. The engine measures
 both costs as it runs (`engine.step_costs`). The acceptance starts as the config's prior and
 moves to what the same LLM measured on its earlier requests (`AcceptanceHistory`: draft tokens
 the answers took from drafts, over draft tokens written), so on a workload whose drafts the
@@ -23,8 +30,10 @@ still verified, so outputs are unchanged by it.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from selfspec.engine.step_costs import StepCosts
@@ -50,25 +59,72 @@ class GateVerdict:
     verify_cost: float
     acceptance: float
     reason: str
+    copy_share: float = 1.0
 
     @property
     def drafts(self) -> bool:
         return self.action in ("fork", "probe", "keep")
 
 
+COPY_TOKENS = 32
+"""Prompt lookup's longest copy in `copy_steps` (auto's copy path proposes up to as many)."""
+
+ANSWER_LENGTHS_KEPT = 32
+"""Recent answer lengths the draft length cap looks at."""
+CAP_MIN_ANSWERS = 4
+"""Answers recorded before their lengths cap a draft (before that, `max_draft_len` alone)."""
+CAP_SLACK = 1.25
+"""A draft may run to this many times the longest recent answer (+ `CAP_MIN_TOKENS`)."""
+CAP_MIN_TOKENS = 32
+
+
+def copy_steps(context: Sequence[int], answer: Sequence[int], max_tokens: int = COPY_TOKENS) -> int:
+    """Forwards prompt lookup (`NgramProposer`) takes to produce `answer` after `context` when
+    every forward verifies its whole copy: each step commits the copy's longest prefix that
+    matches `answer`, plus the model's own token."""
+    from selfspec.spec.ngram import NgramProposer
+
+    proposer = NgramProposer(num_tokens=max_tokens)
+    tokens = list(context)
+    steps = pos = 0
+    while pos < len(answer):
+        copy = proposer.propose(tokens, max_tokens).tokens
+        agreed = 0
+        for a, b in zip(copy, answer[pos:]):
+            if a != b:
+                break
+            agreed += 1
+        take = min(agreed + 1, len(answer) - pos)
+        tokens.extend(answer[pos : pos + take])
+        pos += take
+        steps += 1
+    return steps
+
+
 class AcceptanceHistory:
-    """Draft tokens written and draft tokens the answers used, over one LLM's finished SSR
-    requests (one per LLM: the model, its tasks and its prompts decide how well drafts match)."""
+    """Over one LLM's finished SSR requests (one per LLM: the model, its tasks and its prompts
+    decide how well drafts match): draft tokens written and those the answers used; answer tokens
+    and the forwards the copy path would have taken for them; the recent answers' lengths."""
 
     def __init__(self) -> None:
         self.drafted = 0
         self.accepted = 0
         self.requests = 0
+        self.answer_tokens = 0
+        self.copy_steps = 0
+        self.answer_lengths: deque[int] = deque(maxlen=ANSWER_LENGTHS_KEPT)
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, *, answer_tokens: int = 0, copy_steps: int | None = None) -> None:
         """One finished request: `accepted` of its `drafted` draft tokens became answer tokens
         (prefix-accepted plus suffix-accepted, at most `drafted`: suffix decoding can reuse a
-        draft's tokens, but the gate prices each written token once)."""
+        draft's tokens, but the gate prices each written token once); its answer of
+        `answer_tokens` tokens would have taken `copy_steps` forwards on the copy path (None: not
+        counted)."""
+        if answer_tokens > 0:
+            self.answer_lengths.append(answer_tokens)
+            if copy_steps is not None:
+                self.answer_tokens += answer_tokens
+                self.copy_steps += min(max(1, copy_steps), answer_tokens)
         if drafted <= 0:
             return
         self.drafted += drafted
@@ -78,6 +134,18 @@ class AcceptanceHistory:
     def estimate(self, prior: float, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
         """The expected accepted fraction: the prior, as `weight` tokens, blended with the record."""
         return (self.accepted + prior * weight) / (self.drafted + weight)
+
+    def copy_share(self, prior: float = 1.0, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
+        """Copy-path forwards per answer token (1.0: nothing copies; 0.1: ten tokens a forward),
+        the prior as `weight` answer tokens blended with the record."""
+        return (self.copy_steps + prior * weight) / (self.answer_tokens + weight)
+
+    def draft_length_cap(self) -> int | None:
+        """Draft tokens worth writing: past the longest recent answer (with slack) a draft's
+        tokens are not verified. None until `CAP_MIN_ANSWERS` answers were recorded."""
+        if len(self.answer_lengths) < CAP_MIN_ANSWERS:
+            return None
+        return math.ceil(CAP_SLACK * max(self.answer_lengths)) + CAP_MIN_TOKENS
 
 
 class DraftGate:
@@ -125,24 +193,31 @@ class DraftGate:
         self, costs: "StepCosts | None", rows: int, cot_tokens: int, *, when_unknown: str, when_pays: str
     ) -> GateVerdict:
         rows = max(1, rows)
-        self.acceptance = self.history.estimate(self.prior) if self.history is not None else self.prior
+        history = self.history
+        self.acceptance = history.estimate(self.prior) if history is not None else self.prior
+        share = history.copy_share() if history is not None else 1.0
         row_cost = costs.row_cost(rows) if costs is not None else None
         measured_verify = costs.verify_token_cost() if costs is not None else None
         verify_cost = min(1.0, measured_verify if measured_verify is not None else VERIFY_COST_PRIOR)
-        gain = self.acceptance * (1.0 - verify_cost)
+        gain = self.acceptance * max(0.0, share - verify_cost)
+        a = self.acceptance
         if row_cost is None:
             return GateVerdict(
-                when_unknown, cot_tokens, rows, None, verify_cost, self.acceptance, "extra row not measured yet"
+                when_unknown, cot_tokens, rows, None, verify_cost, a, "extra row not measured yet", share
             )
         cost = self.margin * rows * row_cost
         figures = (
             f"an extra row costs {row_cost:.1%} of a step x {rows} row(s); a draft token saves "
-            f"{gain:.2f} of a step at acceptance {self.acceptance:.2f}"
+            f"{gain:.2f} of a step at acceptance {a:.2f}, {share:.2f} copy-path steps per answer token"
         )
         if gain > cost:
-            return GateVerdict(when_pays, cot_tokens, rows, row_cost, verify_cost, self.acceptance, figures)
+            return GateVerdict(when_pays, cot_tokens, rows, row_cost, verify_cost, a, figures, share)
         action = "skip" if when_pays == "fork" else "cancel"
-        return GateVerdict(action, cot_tokens, rows, row_cost, verify_cost, self.acceptance, f"cannot pay: {figures}")
+        return GateVerdict(action, cot_tokens, rows, row_cost, verify_cost, a, f"cannot pay: {figures}", share)
+
+    def draft_length_cap(self) -> int | None:
+        """The draft length past which its tokens would not be verified (`AcceptanceHistory`)."""
+        return self.history.draft_length_cap() if self.history is not None else None
 
     def report(self) -> list[dict]:
         """Every decision, in order, as plain dicts (for the request's metrics)."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import FinishReason
-from selfspec.spec.draft_gate import AcceptanceHistory
+from selfspec.spec.draft_gate import AcceptanceHistory, copy_steps
 from selfspec.spec.longest import thinking_proposer
 from selfspec.spec.ssr_core import (
     AnswerSpeculator,
@@ -222,7 +222,12 @@ class SSRPolicy(ThinkingPolicy):
             # What this request's drafts were worth, for the gate of the requests after it (an answer
             # that ended inside the draft's prefix counts its whole match: `taken_from_drafts`).
             drafted = sum(len(d.tokens) for d in self.drafts)
-            self.acceptance.record(drafted, self.answer.taken_from_drafts(self.metrics.answer_tokens))
+            answer = self.metrics.answer_tokens
+            copied = None
+            if self.schedule.gate is not None and answer > 0:  # what the copy path would have paid for it
+                copied = copy_steps(seq.token_ids[:-answer], seq.token_ids[-answer:])
+            taken = self.answer.taken_from_drafts(answer)
+            self.acceptance.record(drafted, taken, answer_tokens=answer, copy_steps=copied)
         if engine is not None:
             backend = _EngineDrafts(self, engine, seq)
             for draft in self.drafts:

@@ -83,6 +83,10 @@ class SSRConfig(MethodConfig):
     converge_tokens: iterative drafting stops forking once the two newest drafts agree on their
       first `converge_tokens` tokens: the answer has settled in the CoT, so a later draft would
       cost rows and say the same (the newest runs on). None: fork at every budget.
+    converge_early: with `converge_tokens`, a running draft that agrees with the draft before it
+      on its first `converge_tokens` tokens is cancelled at once and dropped, and the older,
+      complete draft is the one verified: the agreement is the sign the answer has settled, so the
+      rest of the newer draft would mostly repeat the older one at a row per step.
     gate: "always" forks at every budget (the paper's fixed budgets); "cost" forks only where the
       draft can pay on the device and load it runs on, judged from the engine's measured step
       costs (`spec.draft_gate`): it skips or cancels drafts whose extra row costs more than the
@@ -118,6 +122,7 @@ class SSRConfig(MethodConfig):
     speculate_thinking: bool = False
     thinking_speculator: ThinkingSpeculator = "suffix"
     converge_tokens: int | None = Field(None, ge=1)
+    converge_early: bool = False
     gate: Literal["always", "cost"] = "always"
     gate_acceptance: float = Field(0.5, gt=0.0, le=1.0)
     gate_margin: float = Field(1.25, ge=0.0)
@@ -187,6 +192,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list = field(default_factory=list)  # per draft token, when the request samples with draft probs
     cancelled: bool = False
+    dropped: bool = False  # cancelled as a repeat of the draft before it (`converge_early`): never verified
 
     @property
     def source(self) -> list[int]:
@@ -270,21 +276,23 @@ class DraftSchedule:
         self.fork_failures = 0
         self.converged_at: int | None = None  # CoT length at which two drafts agreed (converge_tokens)
         self.gate = DraftGate(config, history) if config.gate == "cost" else None
+        # Running drafts are watched every CoT step: by the gate, and for an early convergence.
+        self._watch = self.gate is not None or (config.converge_early and config.converge_tokens is not None)
 
     def wants_step(self, cot_tokens: int, running: Callable[[Draft], bool]) -> bool:
-        """Whether `on_cot` has anything to do at `cot_tokens`: a budget reached, or (with the cost
-        gate) a draft still running (`running`, the backend's `draft_running`), judged every step.
-        Asked every CoT step before the backend `on_cot` needs is built, so a parent with nothing
-        pending pays a comparison, not a backend and a gate."""
+        """Whether `on_cot` has anything to do at `cot_tokens`: a budget reached, or a draft still
+        running (`running`, the backend's `draft_running`) that the gate or `converge_early`
+        judges every step. Asked every CoT step before the backend `on_cot` needs is built, so a
+        parent with nothing pending pays a comparison, not a backend and a gate."""
         if self.budgets and cot_tokens >= self.budgets[0]:
             return True
-        return self.gate is not None and any(running(d) for d in self.drafts)
+        return self._watch and any(running(d) for d in self.drafts)
 
     def on_cot(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> None:
         """The parent has `cot_tokens` CoT tokens and still thinks: fork every budget reached
         (with the cost gate: where a draft pays, and cancel a running one that does not)."""
-        if self.gate is not None:
-            self._judge_running(cot_tokens, backend)
+        if self._watch:
+            self._watch_running(cot_tokens, backend)
         while self.budgets and cot_tokens >= self.budgets[0]:
             self.budgets.pop(0)
             if self._converged():
@@ -305,12 +313,27 @@ class DraftSchedule:
         older, newer = self.drafts[-2].tokens, self.drafts[-1].tokens
         return len(older) >= n and len(newer) >= n and older[:n] == newer[:n]
 
-    def _judge_running(self, cot_tokens: int, backend: DraftBackend) -> None:
+    def _watch_running(self, cot_tokens: int, backend: DraftBackend) -> None:
         running = [d for d in self.drafts if backend.draft_running(d)]
         if not running:
             return
+        newest = running[-1]
+        if self.config.converge_early and newest is self.drafts[-1] and self._converged():
+            # The newer draft repeats the older one so far: the older one stands for both.
+            newest.dropped = True
+            self.cancel_running(backend, "converged: repeats the draft before it")
+            self.converged_at = cot_tokens
+            self.budgets = []
+            return
+        if self.gate is None:
+            return
+        cap = self.gate.draft_length_cap()
+        if cap is not None and len(newest.tokens) >= cap:
+            # Longer than any answer this LLM has given lately: the rest would not be verified.
+            self.cancel_running(backend, f"draft gate: {len(newest.tokens)} tokens, past this LLM's answers")
+            return
         costs, rows = _measured(backend)
-        verdict = self.gate.while_drafting(costs, rows, cot_tokens, len(running[-1].tokens))
+        verdict = self.gate.while_drafting(costs, rows, cot_tokens, len(newest.tokens))
         if verdict is not None and not verdict.drafts:
             # The device cannot carry a draft at this load: no later budget would do better.
             self.cancel_running(backend, f"draft gate: {verdict.reason}")
@@ -339,7 +362,7 @@ class DraftSchedule:
         stays usable). Returns the drafts with tokens, oldest first."""
         self.cancel_running(backend, "parent ended thinking")
         self.budgets = []
-        return [d for d in self.drafts if d.tokens]
+        return [d for d in self.drafts if d.tokens and not d.dropped]
 
     def report(self) -> dict:
         return {
@@ -348,6 +371,7 @@ class DraftSchedule:
             "draft_fork_cot": [d.cot_tokens for d in self.drafts],
             "fork_failures": self.fork_failures,
             "drafts_converged_at": self.converged_at,
+            "drafts_dropped": sum(1 for d in self.drafts if d.dropped),
             **({"draft_gate": self.gate.report()} if self.gate is not None else {}),
         }
 

@@ -11,8 +11,9 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.step_costs import StepCosts
 from selfspec.llm import LLM
-from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, AcceptanceHistory, DraftGate
+from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, AcceptanceHistory, DraftGate, copy_steps
 from selfspec.spec.ssr import SSRConfig
+from selfspec.spec.ssr_core import DraftSchedule
 from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 
@@ -214,3 +215,77 @@ def test_history_records_what_the_answers_took_from_the_drafts(reuse):
     assert history.requests == len(outs) and sum(taken) > 0
     assert history.accepted == sum(taken)
     assert history.drafted == sum(o.metrics["draft_tokens"] for o in outs)
+
+
+def test_copy_steps_replays_prompt_lookup_over_the_answer():
+    context = [1, 2, 3, 4, 5, 6, 7, 8]
+    # "8" has no earlier occurrence: one plain step; then "1" copies 2..8 whole.
+    assert copy_steps(context, [1, 2, 3, 4, 5, 6, 7, 8]) == 2
+    assert copy_steps(context, [100, 101, 102]) == 3  # nothing to copy: a step a token
+    assert copy_steps(context, [1, 2, 3, 9, 9]) == 3  # 1; the copy's 2, 3 + the model's 9; a 9 of its own
+    assert copy_steps(context, list(range(1, 9)) * 4, max_tokens=4) == 8  # copies of at most 4 tokens + 1
+
+
+def test_gate_prices_a_draft_token_at_what_the_copy_path_would_spend_on_it():
+    """Answers that prompt lookup copies ten tokens a forward leave a draft little to save: the gate
+    that forks on acceptance alone skips once the history says the answers copy."""
+    costs = _FixedCosts(0.05)  # cost 1.25 x 0.05 = 0.0625 a draft token
+    history = AcceptanceHistory()
+    history.record(drafted=1000, accepted=800)
+    assert DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, rows=1, cot_tokens=5).action == "fork"
+    history.record(drafted=1000, accepted=800, answer_tokens=10000, copy_steps=1000)
+    assert history.copy_share() == pytest.approx((1000 + 256) / (10000 + 256))
+    verdict = DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, rows=1, cot_tokens=5)
+    assert verdict.action == "skip" and verdict.copy_share == pytest.approx(history.copy_share())
+    assert "copy-path steps per answer token" in verdict.reason
+
+
+def test_a_draft_longer_than_this_llms_answers_is_stopped():
+    history = AcceptanceHistory()
+    for n in (10, 20, 30):
+        history.record(drafted=0, accepted=0, answer_tokens=n)
+    assert history.draft_length_cap() is None  # too few answers yet
+    history.record(drafted=50, accepted=40, answer_tokens=40, copy_steps=20)
+    assert history.draft_length_cap() == 50 + 32
+    schedule = DraftSchedule(SSRConfig(draft_budgets=[5], gate="cost"), cot_cap=60, thinking=True, history=history)
+
+    class Backend:
+        cancelled: list[str] = []
+
+        def fork_draft(self, draft, earlier):
+            return object()
+
+        def cancel_draft(self, draft, reason):
+            self.cancelled.append(reason)
+
+        def draft_running(self, draft):
+            return not self.cancelled
+
+        def step_costs(self):
+            return None
+
+    backend = Backend()
+    schedule.on_cot(5, [9], backend)
+    draft = schedule.drafts[0]
+    draft.tokens = [1] * 81
+    schedule.on_cot(6, [9], backend)
+    assert backend.cancelled == []
+    draft.tokens.append(1)
+    schedule.on_cot(7, [9], backend)
+    assert len(backend.cancelled) == 1 and "past this LLM's answers" in backend.cancelled[0]
+    assert [d.index for d in schedule.close(backend)] == [0]  # what it wrote is still verified
+
+
+def test_the_history_counts_the_copy_paths_steps_of_each_answer(bigram_llm):
+    llm = bigram_llm
+    history = llm.draft_acceptance
+    before = (history.answer_tokens, history.copy_steps)
+    outs = llm.generate(
+        ["What is 12 + 30?", "hello"],
+        SamplingParams(max_tokens=200),
+        limits=ThinkingLimits(cot_cap=40, answer_cap=30, fixed_length=True),
+        spec=SSRConfig(draft_budgets=[5], max_draft_len=30, gate="cost"),
+    )
+    answers = sum(o.metrics["answer_tokens"] for o in outs)
+    assert history.answer_tokens - before[0] == answers > 0
+    assert 0 < history.copy_steps - before[1] <= answers
