@@ -277,7 +277,9 @@ class DraftSchedule:
         self.converged_at: int | None = None  # CoT length at which two drafts agreed (converge_tokens)
         self.gate = DraftGate(config, history) if config.gate == "cost" else None
         # Running drafts are watched every CoT step: by the gate, and for an early convergence.
-        self._watch = self.gate is not None or (config.converge_early and config.converge_tokens is not None)
+        self._early = config.converge_early and config.converge_tokens is not None
+        self._watch = self.gate is not None or self._early
+        self._pending_pair = False  # two newest drafts not yet judged against each other (`_settle_pair`)
 
     def wants_step(self, cot_tokens: int, running: Callable[[Draft], bool]) -> bool:
         """Whether `on_cot` has anything to do at `cot_tokens`: a budget reached, or a draft still
@@ -317,16 +319,12 @@ class DraftSchedule:
         running = [d for d in self.drafts if backend.draft_running(d)]
         if not running:
             return
+        if self._pending_pair and self._settle_pair(cot_tokens, backend):
+            return
+        running = [d for d in running if backend.draft_running(d)]
+        if self.gate is None or not running:
+            return
         newest = running[-1]
-        if self.config.converge_early and newest is self.drafts[-1] and self._converged():
-            # The newer draft repeats the older one so far: the older one stands for both.
-            newest.dropped = True
-            self.cancel_running(backend, "converged: repeats the draft before it")
-            self.converged_at = cot_tokens
-            self.budgets = []
-            return
-        if self.gate is None:
-            return
         cap = self.gate.draft_length_cap()
         if cap is not None and len(newest.tokens) >= cap:
             # Longer than any answer this LLM has given lately: the rest would not be verified.
@@ -339,9 +337,36 @@ class DraftSchedule:
             self.cancel_running(backend, f"draft gate: {verdict.reason}")
             self.budgets = []
 
+    def _settle_pair(self, cot_tokens: int, backend: DraftBackend) -> bool:
+        """`converge_early`: judge the two newest drafts once each has written `converge_tokens`
+        tokens or ended. Agreeing, the newer one is a repeat: cancelled, dropped, and no later draft
+        forked, the older one running on to the answer's end. Differing, the newer one stands and
+        the older is cancelled. Returns whether drafting has converged."""
+        n = self.config.converge_tokens
+        older, newer = self.drafts[-2], self.drafts[-1]
+        older_running, newer_running = backend.draft_running(older), backend.draft_running(newer)
+        if (len(older.tokens) < n and older_running) or (len(newer.tokens) < n and newer_running):
+            return False  # not enough said yet
+        self._pending_pair = False
+        if self._converged():
+            newer.dropped = True
+            if newer_running:
+                newer.cancelled = True
+                backend.cancel_draft(newer, "converged: repeats the draft before it")
+            self.converged_at = cot_tokens
+            self.budgets = []
+            return True
+        if older_running:
+            older.cancelled = True
+            backend.cancel_draft(older, "superseded by a newer draft")
+        return False
+
     def fork(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> Draft | None:
         if self.config.cancel_older_drafts:
-            self.cancel_running(backend, "superseded by a newer draft")
+            # With `converge_early` the newest draft runs on beside the new one until their first
+            # tokens say which stands (`_settle_pair`): cancelled now, a repeat would leave it cut.
+            keep = self.drafts[-1] if self._early and self.drafts else None
+            self.cancel_running(backend, "superseded by a newer draft", keep=keep)
         draft = Draft(index=len(self.drafts), cot_tokens=cot_tokens, seq=None, anchor=list(anchor))
         handle = backend.fork_draft(draft, list(self.drafts))
         if handle is None:
@@ -349,11 +374,12 @@ class DraftSchedule:
             return None
         draft.seq = handle
         self.drafts.append(draft)
+        self._pending_pair = self._early and len(self.drafts) >= 2
         return draft
 
-    def cancel_running(self, backend: DraftBackend, reason: str) -> None:
+    def cancel_running(self, backend: DraftBackend, reason: str, keep: Draft | None = None) -> None:
         for draft in self.drafts:
-            if backend.draft_running(draft):
+            if draft is not keep and backend.draft_running(draft):
                 draft.cancelled = True
                 backend.cancel_draft(draft, reason)
 

@@ -124,7 +124,7 @@ def test_converge_early_drops_a_draft_that_repeats_the_one_before_it():
     for cot in range(1, 60):
         if schedule.wants_step(cot, backend.draft_running):
             schedule.on_cot(cot, [9], backend)
-    assert len(backend.forked) == 2 and backend.cancelled == [0, 1]
+    assert len(backend.forked) == 2 and backend.cancelled == [1]  # the older one runs on
     assert schedule.converged_at == 21 and schedule.budgets == []  # the step after the second fork
     assert [d.index for d in schedule.close(backend)] == [0]
     assert schedule.report()["drafts_dropped"] == 1
@@ -135,6 +135,7 @@ def test_converge_early_drops_a_draft_that_repeats_the_one_before_it():
         if schedule.wants_step(cot, backend.draft_running):
             schedule.on_cot(cot, [9], backend)
     assert len(backend.forked) == 5 and schedule.converged_at is None
+    assert backend.cancelled == [0, 1, 2]  # each older one once the newer one differed (the 1-token last one never did)
     assert [d.index for d in schedule.close(backend)] == [0, 1, 2, 3, 4]
 
 
