@@ -122,6 +122,8 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         "drafts": m.get("drafts", 0),
         "draft_tokens": m.get("draft_tokens", 0),
         "draft_forwards": m.get("draft_forwards", 0),
+        "drafts_converged_at": m.get("drafts_converged_at"),  # iterative drafting: CoT length where drafts agreed
+        "drafts_dropped": m.get("drafts_dropped", 0),  # repeats of the draft before them, never verified
         "mean_acceptance_length": m.get("mean_acceptance_length"),
         # Per-phase forwards and the cost gate's decisions (SSR modes): where a composed mode's time went.
         "thinking_verify_steps": m.get("thinking_verify_steps"),
