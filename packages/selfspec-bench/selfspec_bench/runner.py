@@ -512,7 +512,10 @@ def _warm_up(llm: LLM, group: list[BenchSample], s: BenchSettings, modes: list[s
     runner = llm.engine.runner
     if runner.static is not None and runner.static.capture:
         buckets = runner.static.buckets
-        rows = [b for b in buckets.batch if b <= max(1, 3 * s.concurrency)] or [buckets.batch[0]]
+        # Up to 3 rows per request (a parent, a draft, and the next draft while the two are compared):
+        # every batch bucket up to the one that holds them, or the 4-row graphs are captured mid-run.
+        widest = buckets.batch_bucket(3 * s.concurrency) or buckets.batch[-1]
+        rows = [b for b in buckets.batch if b <= widest]
         keys = runner.max_len
         total = len(rows) * len(buckets.tokens) * len(buckets.key_buckets(keys))
         with tqdm(total=total, desc="capture CUDA graphs", unit="graph") as bar:
