@@ -1,25 +1,26 @@
 """Whether an SSR draft can pay on this device, at this load, from measured step costs.
 
-A draft is one more row in every step while it runs. Each draft token costs the batch the
-extra row (`row_cost`, a fraction of a step, paid by every request in the step: `rows` of
-them), and each draft token the model later accepts saves this request most of a decode step
-(it is verified in a long chunk instead, at `verify_cost` of a step per token). Most of a
-decode step, not all: without the draft the answer would still be speculated by copying (prompt
-lookup over prompt + CoT), which on an answer that restates its CoT commits several tokens per
-step. So a draft token is worth the steps the copy path would spend on it (`copy_share`: copy-path
-steps per answer token, 1.0 where nothing copies) less its verify. With an expected acceptance
-`a`, a draft pays when
+A draft is one more row in every step while it runs. It costs the batch the extra row
+(`row_cost`, a fraction of a step, paid by every request in the step: `rows` of them) on each of
+its steps, and a draft writes `draft_steps` steps per token (below 1: with its own speculation a
+draft writes several tokens a step). What it saves is answer time, and not against plain
+decoding: without the draft the answer would still be speculated by copying (prompt lookup over
+prompt + CoT), which commits several tokens a step wherever the answer restates its CoT, and the
+tokens a draft gets right are mostly those. So the gate prices a draft token at `saving`: the
+answer steps drafts saved against the copy path, per draft token written, over this LLM's
+finished requests. Each finished request replays prompt lookup over its own answer
+(`copy_steps`: greedy decoding makes the answer the one the copy path would have produced, so the
+count is exact up to the per-step length rule) and records that count less the answer steps it
+took. A draft pays when
 
-    a * (copy_share - verify_cost) > margin * rows * row_cost
+    saving > margin * rows * row_cost * draft_steps
 
-whatever its length (cost and gain both grow with the tokens it writes). `copy_share` is learned
-like the acceptance: each finished request replays prompt lookup over its own answer
-(`copy_steps`: greedy decoding makes the answer the one the copy path would have produced, so
-the count is exact up to the length rule) and the LLM's history keeps the total. The engine measures
-both costs as it runs (`engine.step_costs`). The acceptance starts as the config's prior and
-moves to what the same LLM measured on its earlier requests (`AcceptanceHistory`: draft tokens
-the answers took from drafts, over draft tokens written), so on a workload whose drafts the
-model rejects the gate stops forking them. Before the
+Before anything is recorded, `saving` is its prior, the acceptance prior times a decode step
+less a verified token's cost (`verify_cost`; what a draft saves against plain decoding), and
+`draft_steps` is 1; both move to the record as it grows (weighted like `PRIOR_WEIGHT_TOKENS`
+draft tokens), so on a workload whose drafts do not beat copying the gate stops forking them.
+The acceptance itself (draft tokens the answers took / written) is kept for the prior and the
+reports. Before the
 extra row has ever been measured, the draft is forked as a probe and re-judged once it has run
 `gate_probe_steps` steps: a device where a second row is expensive (a CPU on a slow BLAS path)
 then loses a few steps, not the whole draft.
@@ -59,7 +60,8 @@ class GateVerdict:
     verify_cost: float
     acceptance: float
     reason: str
-    copy_share: float = 1.0
+    saving: float = 0.0  # answer steps a draft token saves against the copy path
+    draft_steps: float = 1.0  # forwards a draft runs per token it writes
 
     @property
     def drafts(self) -> bool:
@@ -113,13 +115,25 @@ class AcceptanceHistory:
         self.answer_tokens = 0
         self.copy_steps = 0
         self.answer_lengths: deque[int] = deque(maxlen=ANSWER_LENGTHS_KEPT)
+        self.priced_drafted = 0  # draft tokens of the requests whose saving was counted
+        self.saved_steps = 0  # their answer steps saved against the copy path (may be negative)
+        self.draft_forwards = 0  # forwards their drafts ran
 
-    def record(self, drafted: int, accepted: int, *, answer_tokens: int = 0, copy_steps: int | None = None) -> None:
+    def record(
+        self,
+        drafted: int,
+        accepted: int,
+        *,
+        answer_tokens: int = 0,
+        copy_steps: int | None = None,
+        answer_steps: int | None = None,
+        draft_forwards: int = 0,
+    ) -> None:
         """One finished request: `accepted` of its `drafted` draft tokens became answer tokens
         (prefix-accepted plus suffix-accepted, at most `drafted`: suffix decoding can reuse a
-        draft's tokens, but the gate prices each written token once); its answer of
-        `answer_tokens` tokens would have taken `copy_steps` forwards on the copy path (None: not
-        counted)."""
+        draft's tokens, but the gate prices each written token once), its drafts ran
+        `draft_forwards` forwards; its answer of `answer_tokens` tokens took `answer_steps`
+        forwards and would have taken `copy_steps` on the copy path (None: not counted)."""
         if answer_tokens > 0:
             self.answer_lengths.append(answer_tokens)
             if copy_steps is not None:
@@ -127,6 +141,10 @@ class AcceptanceHistory:
                 self.copy_steps += min(max(1, copy_steps), answer_tokens)
         if drafted <= 0:
             return
+        if copy_steps is not None and answer_steps is not None:
+            self.priced_drafted += drafted
+            self.saved_steps += copy_steps - answer_steps
+            self.draft_forwards += max(0, draft_forwards)
         self.drafted += drafted
         self.accepted += min(max(0, accepted), drafted)
         self.requests += 1
@@ -135,10 +153,14 @@ class AcceptanceHistory:
         """The expected accepted fraction: the prior, as `weight` tokens, blended with the record."""
         return (self.accepted + prior * weight) / (self.drafted + weight)
 
-    def copy_share(self, prior: float = 1.0, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
-        """Copy-path forwards per answer token (1.0: nothing copies; 0.1: ten tokens a forward),
-        the prior as `weight` answer tokens blended with the record."""
-        return (self.copy_steps + prior * weight) / (self.answer_tokens + weight)
+    def saving(self, prior: float, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
+        """Answer steps saved against the copy path per draft token written, the prior as `weight`
+        draft tokens blended with the record."""
+        return (self.saved_steps + prior * weight) / (self.priced_drafted + weight)
+
+    def draft_steps(self, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
+        """Forwards a draft runs per token it writes (1.0 before any was recorded)."""
+        return (self.draft_forwards + weight) / (self.priced_drafted + weight)
 
     def draft_length_cap(self) -> int | None:
         """Draft tokens worth writing: past the longest recent answer (with slack) a draft's
@@ -194,26 +216,25 @@ class DraftGate:
     ) -> GateVerdict:
         rows = max(1, rows)
         history = self.history
-        self.acceptance = history.estimate(self.prior) if history is not None else self.prior
-        share = history.copy_share() if history is not None else 1.0
+        self.acceptance = a = history.estimate(self.prior) if history is not None else self.prior
         row_cost = costs.row_cost(rows) if costs is not None else None
         measured_verify = costs.verify_token_cost() if costs is not None else None
         verify_cost = min(1.0, measured_verify if measured_verify is not None else VERIFY_COST_PRIOR)
-        gain = self.acceptance * max(0.0, share - verify_cost)
-        a = self.acceptance
+        prior_saving = a * (1.0 - verify_cost)
+        saving = history.saving(prior_saving) if history is not None else prior_saving
+        steps = history.draft_steps() if history is not None else 1.0
+        figures = (cot_tokens, rows, row_cost, verify_cost, a)
         if row_cost is None:
-            return GateVerdict(
-                when_unknown, cot_tokens, rows, None, verify_cost, a, "extra row not measured yet", share
-            )
-        cost = self.margin * rows * row_cost
-        figures = (
-            f"an extra row costs {row_cost:.1%} of a step x {rows} row(s); a draft token saves "
-            f"{gain:.2f} of a step at acceptance {a:.2f}, {share:.2f} copy-path steps per answer token"
+            return GateVerdict(when_unknown, *figures, "extra row not measured yet", saving, steps)
+        cost = self.margin * rows * row_cost * steps
+        text = (
+            f"an extra row costs {row_cost:.1%} of a step x {rows} row(s) x {steps:.2f} draft steps per token; "
+            f"a draft token saves {saving:.3f} of a step against the copy path (acceptance {a:.2f})"
         )
-        if gain > cost:
-            return GateVerdict(when_pays, cot_tokens, rows, row_cost, verify_cost, a, figures, share)
+        if saving > cost:
+            return GateVerdict(when_pays, *figures, text, saving, steps)
         action = "skip" if when_pays == "fork" else "cancel"
-        return GateVerdict(action, cot_tokens, rows, row_cost, verify_cost, a, f"cannot pay: {figures}", share)
+        return GateVerdict(action, *figures, f"cannot pay: {text}", saving, steps)
 
     def draft_length_cap(self) -> int | None:
         """The draft length past which its tokens would not be verified (`AcceptanceHistory`)."""

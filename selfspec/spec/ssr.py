@@ -227,7 +227,14 @@ class SSRPolicy(ThinkingPolicy):
             if self.schedule.gate is not None and answer > 0:  # what the copy path would have paid for it
                 copied = copy_steps(seq.token_ids[:-answer], seq.token_ids[-answer:])
             taken = self.answer.taken_from_drafts(answer)
-            self.acceptance.record(drafted, taken, answer_tokens=answer, copy_steps=copied)
+            self.acceptance.record(
+                drafted,
+                taken,
+                answer_tokens=answer,
+                copy_steps=copied,
+                answer_steps=self.answer.answer_forwards,
+                draft_forwards=sum(d.seq.stats.forwards for d in self.drafts),
+            )
         if engine is not None:
             backend = _EngineDrafts(self, engine, seq)
             for draft in self.drafts:

@@ -226,18 +226,29 @@ def test_copy_steps_replays_prompt_lookup_over_the_answer():
     assert copy_steps(context, list(range(1, 9)) * 4, max_tokens=4) == 8  # copies of at most 4 tokens + 1
 
 
-def test_gate_prices_a_draft_token_at_what_the_copy_path_would_spend_on_it():
-    """Answers that prompt lookup copies ten tokens a forward leave a draft little to save: the gate
-    that forks on acceptance alone skips once the history says the answers copy."""
-    costs = _FixedCosts(0.05)  # cost 1.25 x 0.05 = 0.0625 a draft token
+def test_gate_prices_a_draft_token_at_the_answer_steps_drafts_saved_against_the_copy_path():
+    """Drafts whose answers prompt lookup would have copied almost as fast save little: the gate
+    that forks on acceptance alone skips once the history says so, and a draft that writes several
+    tokens a step costs its row per step, not per token."""
+    costs = _FixedCosts(0.05)  # 1.25 x 0.05 = 0.0625 of a step per draft step
     history = AcceptanceHistory()
-    history.record(drafted=1000, accepted=800)
+    history.record(drafted=1000, accepted=800)  # no saving counted: acceptance only
     assert DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, rows=1, cot_tokens=5).action == "fork"
-    history.record(drafted=1000, accepted=800, answer_tokens=10000, copy_steps=1000)
-    assert history.copy_share() == pytest.approx((1000 + 256) / (10000 + 256))
+    # 6000 draft tokens, 60 answer steps saved against the copy path, a forward per draft token.
+    history.record(
+        drafted=6000, accepted=4800, answer_tokens=6000, copy_steps=900, answer_steps=840, draft_forwards=6000
+    )
+    assert history.saving(0.5, weight=100) == pytest.approx((60 + 50) / 6100)
     verdict = DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, rows=1, cot_tokens=5)
-    assert verdict.action == "skip" and verdict.copy_share == pytest.approx(history.copy_share())
-    assert "copy-path steps per answer token" in verdict.reason
+    assert verdict.action == "skip" and verdict.saving == pytest.approx(history.saving(verdict.acceptance * 0.95))
+    assert "against the copy path" in verdict.reason
+    # The same saving from drafts that write four tokens a forward: a quarter of the row cost per token.
+    fast = AcceptanceHistory()
+    fast.record(drafted=1000, accepted=800)
+    fast.record(drafted=6000, accepted=4800, answer_tokens=6000, copy_steps=900, answer_steps=840, draft_forwards=1500)
+    assert fast.draft_steps() == pytest.approx((1500 + 256) / (6000 + 256))
+    verdict = DraftGate(SSRConfig(gate="cost"), fast).before_fork(costs, rows=1, cot_tokens=5)
+    assert verdict.action == "fork" and verdict.draft_steps < 0.4
 
 
 def test_a_draft_longer_than_this_llms_answers_is_stopped():
@@ -245,7 +256,7 @@ def test_a_draft_longer_than_this_llms_answers_is_stopped():
     for n in (10, 20, 30):
         history.record(drafted=0, accepted=0, answer_tokens=n)
     assert history.draft_length_cap() is None  # too few answers yet
-    history.record(drafted=50, accepted=40, answer_tokens=40, copy_steps=20)
+    history.record(drafted=50, accepted=40, answer_tokens=40, copy_steps=20, answer_steps=10, draft_forwards=25)
     assert history.draft_length_cap() == 50 + 32
     schedule = DraftSchedule(SSRConfig(draft_budgets=[5], gate="cost"), cot_cap=60, thinking=True, history=history)
 
@@ -279,7 +290,7 @@ def test_a_draft_longer_than_this_llms_answers_is_stopped():
 def test_the_history_counts_the_copy_paths_steps_of_each_answer(bigram_llm):
     llm = bigram_llm
     history = llm.draft_acceptance
-    before = (history.answer_tokens, history.copy_steps)
+    before = (history.answer_tokens, history.copy_steps, history.priced_drafted, history.draft_forwards)
     outs = llm.generate(
         ["What is 12 + 30?", "hello"],
         SamplingParams(max_tokens=200),
@@ -289,3 +300,6 @@ def test_the_history_counts_the_copy_paths_steps_of_each_answer(bigram_llm):
     answers = sum(o.metrics["answer_tokens"] for o in outs)
     assert history.answer_tokens - before[0] == answers > 0
     assert 0 < history.copy_steps - before[1] <= answers
+    drafted = sum(o.metrics["draft_tokens"] for o in outs)
+    assert history.priced_drafted - before[2] == drafted > 0
+    assert history.draft_forwards - before[3] == sum(o.metrics["draft_forwards"] for o in outs)
