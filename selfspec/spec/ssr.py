@@ -28,11 +28,11 @@ from selfspec.engine.policy import Proposal, SequencePolicy, StepOutcome
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.sequence import FinishReason
 from selfspec.spec.draft_gate import AcceptanceHistory, copy_steps
+from selfspec.spec.draft_schedule import DraftSchedule
 from selfspec.spec.longest import thinking_proposer
 from selfspec.spec.ssr_core import (
     AnswerSpeculator,
     Draft,
-    DraftSchedule,
     ReuseMode,
     SSRConfig,
     SSRStage,

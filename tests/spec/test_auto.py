@@ -21,6 +21,7 @@ from selfspec.engine.step_costs import MEMO_STEPS, MIN_SAMPLES, StepCosts
 from selfspec.llm import LLM
 from selfspec.spec.auto import AutoConfig
 from selfspec.spec.base import MethodContext
+from selfspec.spec.draft_schedule import DraftSchedule
 from selfspec.spec.proposal_length import (
     MAX_ALPHA,
     AcceptanceRate,
@@ -31,7 +32,7 @@ from selfspec.spec.proposal_length import (
     cost_table,
     expected_tokens,
 )
-from selfspec.spec.ssr_core import Draft, DraftSchedule
+from selfspec.spec.ssr_core import Draft
 from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
 from selfspec.thinking.format import ThinkingFormat
 from selfspec.thinking.policy import ThinkingLimits

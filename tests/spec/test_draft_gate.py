@@ -12,8 +12,8 @@ from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.step_costs import StepCosts
 from selfspec.llm import LLM
 from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, AcceptanceHistory, DraftGate, copy_steps
+from selfspec.spec.draft_schedule import DraftSchedule
 from selfspec.spec.ssr import SSRConfig
-from selfspec.spec.ssr_core import DraftSchedule
 from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 
@@ -287,8 +287,13 @@ def test_a_draft_longer_than_this_llms_answers_is_stopped():
     assert [d.index for d in schedule.close(backend)] == [0]  # what it wrote is still verified
 
 
-def test_the_history_counts_the_copy_paths_steps_of_each_answer(bigram_llm):
-    llm = bigram_llm
+def test_the_history_counts_the_copy_paths_steps_of_each_answer():
+    """A fresh LLM whose extra row costs nothing (the gate forks whatever this machine's load): each
+    finished gated request adds its answer, the copy path's steps for it, its drafts and their forwards."""
+    tok = tiny_tokenizer()
+    model = bigram_model(len(tok), eos_token_id=tok.eos_token_id)
+    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=8, max_len=512))
+    llm.engine.step_costs = _FixedCosts(0.0)
     history = llm.draft_acceptance
     before = (history.answer_tokens, history.copy_steps, history.priced_drafted, history.draft_forwards)
     outs = llm.generate(

@@ -8,7 +8,8 @@ import pytest
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.llm import LLM
-from selfspec.spec.ssr_core import Draft, DraftSchedule, SSRConfig
+from selfspec.spec.draft_schedule import DraftSchedule
+from selfspec.spec.ssr_core import Draft, SSRConfig
 from selfspec.testing.tiny import bigram_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
 

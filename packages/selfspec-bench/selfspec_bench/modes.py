@@ -130,7 +130,7 @@ def spec_for(mode: str, s: BenchSettings):
         return SSRConfig(draft_budgets=[s.draft_budget], reuse="off", **ssr)
     if mode == "iterative":
         return SSRConfig(draft_interval=s.draft_interval or s.draft_budget, **ssr)
-    if mode == "iterative-converge":  # iterative drafting until two drafts agree (ssr_core.DraftSchedule)
+    if mode == "iterative-converge":  # iterative drafting until two drafts agree (draft_schedule.DraftSchedule)
         return SSRConfig(
             draft_interval=s.draft_interval or s.draft_budget,
             converge_tokens=s.converge_tokens or CONVERGE_TOKENS,

@@ -5,7 +5,7 @@ A user request is a sequence of vLLM requests, all served from vLLM's prefix cac
 1. the parent's thinking request (prompt ids; its CoT cap is its `max_tokens`);
 2. at each draft budget, a draft child: prompt + CoT so far + the end-of-thinking tokens, so
    only the tokens after the parent's last full cache block are prefilled, and it runs in
-   the same batched steps as the parent; `ssr_core.DraftSchedule` decides when, and cancels
+   the same batched steps as the parent; `draft_schedule.DraftSchedule` decides when, and cancels
    superseded drafts (an abort);
 3. when the parent ends thinking (its own marker, or the cap: the close tokens are appended
    here, as our engine's forced close), running drafts are aborted and the parent continues
@@ -32,7 +32,8 @@ from selfspec.integrations.vllm.compat import check_vllm
 from selfspec.integrations.vllm.handoff import answer_args, draft_args
 from selfspec.integrations.vllm.logprobs import token_logprobs
 from selfspec.llm import GenerationResult, Timings
-from selfspec.spec.ssr_core import Draft, DraftSchedule, SSRConfig
+from selfspec.spec.draft_schedule import DraftSchedule
+from selfspec.spec.ssr_core import Draft, SSRConfig
 from selfspec.thinking.format import EndOfThinkingMatcher, ThinkingFormat, encode_prompt, thinking_enabled
 from selfspec.thinking.policy import ClosedBy, ThinkingLimits
 
