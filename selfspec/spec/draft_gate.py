@@ -17,8 +17,9 @@ took. A draft pays when
 
 Before anything is recorded, `saving` is its prior, the acceptance prior times a decode step
 less a verified token's cost (`verify_cost`; what a draft saves against plain decoding), and
-`draft_steps` is 1; both move to the record as it grows (weighted like `PRIOR_WEIGHT_TOKENS`
-draft tokens), so on a workload whose drafts do not beat copying the gate stops forking them.
+`draft_steps` is 1; both move to the record as it grows (weighted like `SAVING_PRIOR_TOKENS`
+draft tokens), so on a workload whose drafts do not beat copying the gate stops forking them,
+all but one fork in `EXPLORE_EVERY`, which keeps the record current.
 The acceptance itself (draft tokens the answers took / written) is kept for the prior and the
 reports. Before the
 extra row has ever been measured, the draft is forked as a probe and re-judged once it has run
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
@@ -43,6 +44,14 @@ if TYPE_CHECKING:
 PRIOR_WEIGHT_TOKENS = 256
 """The acceptance prior counts as this many draft tokens against the measured history: a
 couple of requests' drafts move the estimate, one short draft does not."""
+SAVING_PRIOR_TOKENS = 64
+"""The saving's prior counts as this many draft tokens. Lighter than the acceptance's: the prior
+(what a draft saves against plain decoding) is known to overstate the saving wherever the copy path
+copies, so one or two requests' measured savings should outweigh it."""
+EXPLORE_EVERY = 16
+"""After this many forks the gate declined in a row on one LLM, the next is forked anyway: a
+declined draft records nothing, and without a probe a workload that changed would never be
+measured again."""
 
 VERIFY_COST_PRIOR = 0.25
 """Fraction of a decode step per verified token before any long verify was measured: a
@@ -53,7 +62,7 @@ VERIFY_COST_PRIOR = 0.25
 class GateVerdict:
     """One decision: fork (or keep) the draft or not, and the figures it rested on."""
 
-    action: str  # "fork", "probe" (fork, costs unknown), "skip", "cancel", "keep"
+    action: str  # "fork", "probe" (fork, costs unknown), "explore" (fork, declined too often), "skip", "cancel", "keep"
     cot_tokens: int
     rows: int
     row_cost: float | None
@@ -65,7 +74,7 @@ class GateVerdict:
 
     @property
     def drafts(self) -> bool:
-        return self.action in ("fork", "probe", "keep")
+        return self.action in ("fork", "probe", "explore", "keep")
 
 
 COPY_TOKENS = 32
@@ -118,6 +127,7 @@ class AcceptanceHistory:
         self.priced_drafted = 0  # draft tokens of the requests whose saving was counted
         self.saved_steps = 0  # their answer steps saved against the copy path (may be negative)
         self.draft_forwards = 0  # forwards their drafts ran
+        self.declined_in_a_row = 0  # forks the gate declined since it last let one through
 
     def record(
         self,
@@ -153,12 +163,12 @@ class AcceptanceHistory:
         """The expected accepted fraction: the prior, as `weight` tokens, blended with the record."""
         return (self.accepted + prior * weight) / (self.drafted + weight)
 
-    def saving(self, prior: float, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
+    def saving(self, prior: float, weight: int = SAVING_PRIOR_TOKENS) -> float:
         """Answer steps saved against the copy path per draft token written, the prior as `weight`
         draft tokens blended with the record."""
         return (self.saved_steps + prior * weight) / (self.priced_drafted + weight)
 
-    def draft_steps(self, weight: int = PRIOR_WEIGHT_TOKENS) -> float:
+    def draft_steps(self, weight: int = SAVING_PRIOR_TOKENS) -> float:
         """Forwards a draft runs per token it writes (1.0 before any was recorded)."""
         return (self.draft_forwards + weight) / (self.priced_drafted + weight)
 
@@ -182,10 +192,22 @@ class DraftGate:
         self.verdicts: list[GateVerdict] = []
         self._next_check = 0  # draft length at which the running draft is judged again
         self._failed_checks = 0  # consecutive checks of the running draft that said it cannot pay
+        self._exploring = False  # the running draft was forked to measure, not because it pays
 
     def before_fork(self, costs: "StepCosts | None", rows: int, cot_tokens: int) -> GateVerdict:
-        """Fork a draft now, beside `rows` decode rows (this request's included)?"""
+        """Fork a draft now, beside `rows` decode rows (this request's included)? After
+        `EXPLORE_EVERY` declined forks in a row on this LLM, one is forked anyway ("explore")."""
         verdict = self._judge(costs, rows, cot_tokens, when_unknown="probe", when_pays="fork")
+        history = self.history
+        if history is not None:
+            if verdict.action != "skip":
+                history.declined_in_a_row = 0
+            elif history.declined_in_a_row + 1 >= EXPLORE_EVERY:
+                history.declined_in_a_row = 0
+                verdict = replace(verdict, action="explore", reason=f"explore: {verdict.reason}")
+            else:
+                history.declined_in_a_row += 1
+        self._exploring = verdict.action == "explore"  # an explored draft runs to its end: it is a measurement
         self.verdicts.append(verdict)
         self._next_check = self.probe_steps
         return verdict
@@ -194,7 +216,9 @@ class DraftGate:
         self, costs: "StepCosts | None", rows: int, cot_tokens: int, draft_tokens: int
     ) -> GateVerdict | None:
         """Re-judge a running draft every `probe_steps` of its tokens (`rows` excludes it).
-        Returns a verdict when one was made, None between checks."""
+        Returns a verdict when one was made, None between checks (and for an explored draft)."""
+        if self._exploring:
+            return None
         if draft_tokens < self._next_check:
             return None
         self._next_check = draft_tokens + self.probe_steps

@@ -11,7 +11,14 @@ from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.step_costs import StepCosts
 from selfspec.llm import LLM
-from selfspec.spec.draft_gate import VERIFY_COST_PRIOR, AcceptanceHistory, DraftGate, copy_steps
+from selfspec.spec.draft_gate import (
+    EXPLORE_EVERY,
+    SAVING_PRIOR_TOKENS,
+    VERIFY_COST_PRIOR,
+    AcceptanceHistory,
+    DraftGate,
+    copy_steps,
+)
 from selfspec.spec.draft_schedule import DraftSchedule
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
@@ -239,6 +246,7 @@ def test_gate_prices_a_draft_token_at_the_answer_steps_drafts_saved_against_the_
         drafted=6000, accepted=4800, answer_tokens=6000, copy_steps=900, answer_steps=840, draft_forwards=6000
     )
     assert history.saving(0.5, weight=100) == pytest.approx((60 + 50) / 6100)
+    assert history.saving(0.5) == pytest.approx((60 + 0.5 * SAVING_PRIOR_TOKENS) / (6000 + SAVING_PRIOR_TOKENS))
     verdict = DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, rows=1, cot_tokens=5)
     assert verdict.action == "skip" and verdict.saving == pytest.approx(history.saving(verdict.acceptance * 0.95))
     assert "against the copy path" in verdict.reason
@@ -246,7 +254,7 @@ def test_gate_prices_a_draft_token_at_the_answer_steps_drafts_saved_against_the_
     fast = AcceptanceHistory()
     fast.record(drafted=1000, accepted=800)
     fast.record(drafted=6000, accepted=4800, answer_tokens=6000, copy_steps=900, answer_steps=840, draft_forwards=1500)
-    assert fast.draft_steps() == pytest.approx((1500 + 256) / (6000 + 256))
+    assert fast.draft_steps() == pytest.approx((1500 + SAVING_PRIOR_TOKENS) / (6000 + SAVING_PRIOR_TOKENS))
     verdict = DraftGate(SSRConfig(gate="cost"), fast).before_fork(costs, rows=1, cot_tokens=5)
     assert verdict.action == "fork" and verdict.draft_steps < 0.4
 
@@ -308,3 +316,26 @@ def test_the_history_counts_the_copy_paths_steps_of_each_answer():
     drafted = sum(o.metrics["draft_tokens"] for o in outs)
     assert history.priced_drafted - before[2] == drafted > 0
     assert history.draft_forwards - before[3] == sum(o.metrics["draft_forwards"] for o in outs)
+
+
+def test_a_declined_workload_is_measured_again_now_and_then():
+    """Declined forks record nothing: after EXPLORE_EVERY of them in a row on one LLM the next is
+    forked anyway, and that draft is not re-judged (it runs to its end, to be measured)."""
+    costs = _FixedCosts(0.05)
+    history = AcceptanceHistory()
+    history.record(
+        drafted=6000, accepted=4800, answer_tokens=6000, copy_steps=900, answer_steps=900, draft_forwards=6000
+    )
+    actions = [DraftGate(SSRConfig(gate="cost"), history).before_fork(costs, 1, 5).action for _ in range(EXPLORE_EVERY)]
+    assert actions == ["skip"] * (EXPLORE_EVERY - 1) + ["explore"]
+    gate = DraftGate(SSRConfig(gate="cost", gate_probe_steps=1), history)
+    assert gate.before_fork(costs, 1, 5).action == "skip"  # the count starts again
+    history.declined_in_a_row = EXPLORE_EVERY - 1
+    explored = gate.before_fork(costs, 1, 5)
+    assert explored.drafts and explored.action == "explore" and "explore" in explored.reason
+    assert all(gate.while_drafting(costs, 1, 5 + i, i) is None for i in range(1, 40))
+    # A fork the gate lets through on its merits resets the count.
+    history.declined_in_a_row = 7
+    assert DraftGate(SSRConfig(gate="cost"), AcceptanceHistory()).before_fork(costs, 1, 5).action == "fork"
+    assert DraftGate(SSRConfig(gate="cost"), history).before_fork(_FixedCosts(0.0001), 1, 5).action == "fork"
+    assert history.declined_in_a_row == 0
