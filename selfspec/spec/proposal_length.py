@@ -335,12 +335,21 @@ def choose_length(
         expected = lambda k: expected_tokens(alpha, k)  # noqa: E731
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
     plan, budget_k = step_plan(costs, rows, room, limit)
+    best_k, best_value, best_source = best_length(plan, expected, margin)
+    return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
+
+
+def best_length(
+    plan: list[tuple[int, float, str]], expected: Callable[[int], float], margin: float
+) -> tuple[int, float, str]:
+    """(k, value, cost source) of the plan's length with the most expected tokens per unit cost, 0
+    unless some length beats a plain step by `margin`; between equal values the longer wins."""
     best_k, best_value, best_source = 0, 1.0, "measured"
     for k, ratio, source in plan:
         value = expected(k) / ratio
         if value >= margin and value >= best_value:
             best_k, best_value, best_source = k, value, source
-    return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
+    return best_k, best_value, best_source
 
 
 def step_plan(
@@ -372,8 +381,9 @@ class LengthController:
 
     def choose(self, kind: str, costs: "StepCosts | None", rows: int, room: int) -> int:
         """This step's proposal length for a proposal of `kind`, at most `room`: `choose_length`
-        with this request's acceptance of `kind`, inlined (it runs for every row of every step, and
-        on a GPU its host time is a visible share of a small model's step)."""
+        with this request's acceptance of `kind`, without its record object and with the gains read
+        from a list (it runs for every row of every step, and on a GPU its host time is a visible
+        share of a small model's step)."""
         rate = self.rates[kind]
         rows = rows if rows > 1 else 1
         if room <= 0:
@@ -382,13 +392,11 @@ class LengthController:
             return 0
         limit = self.max_step_ratio if rows > 1 else _UNLIMITED
         plan, budget_k = step_plan(costs, rows, room, limit)
-        gains = rate.gains(plan[-1][0]) if plan else None
-        margin = self.margin
-        best_k, best_value, best_source = 0, 1.0, "measured"
-        for k, ratio, source in plan:
-            value = ((1.0 + gains[k]) if k <= MAX_POSITIONS else rate.expected(k)) / ratio
-            if value >= margin and value >= best_value:
-                best_k, best_value, best_source = k, value, source
+        if plan and plan[-1][0] <= MAX_POSITIONS:  # every length tracked: read the gains list directly
+            gains = rate.gains(plan[-1][0])
+            best_k, _, best_source = best_length(plan, lambda k: 1.0 + gains[k], self.margin)
+        else:
+            best_k, _, best_source = best_length(plan, rate.expected, self.margin)
         self.last = (best_k, budget_k, rows, best_source)
         self.k_counts[best_k] += 1
         if best_k == 0:

@@ -78,6 +78,16 @@ def test_converged_drafting_keeps_the_output_with_fewer_drafts(bigram_llm):
     settled = llm.generate(
         prompts, params, limits=limits, spec=SSRConfig(draft_interval=8, max_draft_len=24, converge_tokens=4)
     )
+    early = llm.generate(
+        prompts,
+        params,
+        limits=limits,
+        spec=SSRConfig(draft_interval=8, max_draft_len=24, converge_tokens=4, converge_early=True),
+    )
+    for b, e in zip(base, early):  # converge_early: the repeat dropped, the older draft verified
+        assert e.token_ids == b.token_ids
+        assert e.metrics["drafts_converged_at"] is not None and e.metrics["drafts_dropped"] == 1
+        assert e.metrics["accepted_prefix"] > 0
     for b, e, s in zip(base, every, settled):
         assert e.token_ids == b.token_ids and s.token_ids == b.token_ids
         assert s.metrics["drafts_converged_at"] is not None
@@ -116,15 +126,20 @@ def test_a_step_the_schedule_does_not_want_is_one_on_cot_ignores(gate):
         assert judged  # a running draft was judged on the steps it was asked
 
 
+def _think(schedule: DraftSchedule, backend: ScriptedDrafts) -> None:
+    """CoT steps 1-59, the schedule asked only where it wants the step (as the engine's parent does)."""
+    for cot in range(1, 60):
+        if schedule.wants_step(cot, backend.draft_running):
+            schedule.on_cot(cot, [9], backend)
+
+
 def test_converge_early_drops_a_draft_that_repeats_the_one_before_it():
     """`converge_early`: the newer draft is cancelled as soon as it agrees with the older on
     `converge_tokens` tokens, and the older (complete) draft is the one the answer verifies."""
     config = SSRConfig(draft_interval=10, converge_tokens=4, converge_early=True)
     schedule = DraftSchedule(config, cot_cap=60, thinking=True)
     backend = ScriptedDrafts([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9], [7]])
-    for cot in range(1, 60):
-        if schedule.wants_step(cot, backend.draft_running):
-            schedule.on_cot(cot, [9], backend)
+    _think(schedule, backend)
     assert len(backend.forked) == 2 and backend.cancelled == [1]  # the older one runs on
     assert schedule.converged_at == 21 and schedule.budgets == []  # the step after the second fork
     assert [d.index for d in schedule.close(backend)] == [0]
@@ -132,24 +147,7 @@ def test_converge_early_drops_a_draft_that_repeats_the_one_before_it():
     # Drafts that differ within `converge_tokens` keep the schedule, and nothing is dropped.
     schedule = DraftSchedule(config, cot_cap=60, thinking=True)
     backend = ScriptedDrafts([[1, 2, 3, 4], [1, 2, 3, 5], [6, 6, 6, 6], [1, 1, 1, 1], [2], [3]])
-    for cot in range(1, 60):
-        if schedule.wants_step(cot, backend.draft_running):
-            schedule.on_cot(cot, [9], backend)
+    _think(schedule, backend)
     assert len(backend.forked) == 5 and schedule.converged_at is None
     assert backend.cancelled == [0, 1, 2]  # each older one once the newer one differed (the 1-token last one never did)
     assert [d.index for d in schedule.close(backend)] == [0, 1, 2, 3, 4]
-
-
-def test_converge_early_keeps_the_output(bigram_llm):
-    llm = bigram_llm
-    limits = ThinkingLimits(cot_cap=60, answer_cap=24, fixed_length=True)
-    params = SamplingParams(max_tokens=200)
-    prompts = ["What is 12 + 30?", "Write a counter class", "hello"]
-    base = llm.generate(prompts, params, limits=limits, thinking=True, spec="off")
-    spec = SSRConfig(draft_interval=8, max_draft_len=24, converge_tokens=4, converge_early=True)
-    early = llm.generate(prompts, params, limits=limits, spec=spec)
-    for b, e in zip(base, early):
-        assert e.token_ids == b.token_ids
-        assert e.metrics["drafts_converged_at"] is not None and e.metrics["drafts_dropped"] == 1
-        assert e.metrics["accepted_prefix"] > 0
-    assert llm.engine.scheduler.slots.num_used == 0, "slots leaked"
