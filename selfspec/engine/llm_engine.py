@@ -353,7 +353,7 @@ class Engine:
         started = time.perf_counter()
         forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _, _ in work])
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
-        self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started)
+        self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started, started)
         self.steps += 1
         prepare_verifies(self, verify_groups([(s, forward.argmax[i], p) for i, (s, _, p, _) in enumerate(work) if p]))
         events: list[tuple[StepEvent, StepOutcome]] = []

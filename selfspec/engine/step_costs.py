@@ -19,6 +19,12 @@ Two ways a step's time maps to a shape, by how the engine runs it:
 Medians over a window keep a noisy machine's stalls (another process, a page fault) out of the
 estimate; each shape's median is computed once per change of its samples (policies ask for
 a dozen shapes per row and step).
+
+A step is more than its forward: between two forwards the host proposes, verifies, commits and
+runs the policies, and the device waits (the forward ends in a synchronising copy). That gap is
+kept too (`host_seconds`), because what a longer verify or one more row adds has to be weighed
+against the whole step: on an H100 a 135M model's forward is ~1.4 ms and the host's part ~0.2 ms,
+and a ratio of forwards alone overstates every extra token's and row's price by that share.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ WINDOW = 48
 """Samples kept per shape: enough for a stable median, few enough to follow a change of load."""
 MIN_SAMPLES = 4
 """Samples a shape needs before its median is used."""
+HOST_GAP_FACTOR = 4.0
+"""A gap between forwards longer than this many times the forward before it is the engine idling
+(no request, a new request's admission, a caller between `generate` calls), not a step's host work."""
 MEMO_STEPS = 16
 """Derived figures (`memo`) are recomputed after this many observations, or at once when a shape
 becomes measured: medians over a 48-step window move slowly, and recomputing a cost table on every
@@ -68,6 +77,9 @@ class StepCosts:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._medians: dict[tuple[int, int], float] = {}
         self._memo: dict[Any, Any] = {}
+        self._host: deque[float] = deque(maxlen=WINDOW)  # seconds between a forward's end and the next's start
+        self._host_median: float | None = None
+        self._last_end: float | None = None
         self.version = 0  # observations so far
         self._memo_version = 0  # when the memo was last cleared
 
@@ -83,10 +95,17 @@ class StepCosts:
             return _bucket(tokens)
         return next((b for b in self.token_buckets if b >= tokens), None)
 
-    def observe(self, row_tokens: list[int], seconds: float) -> None:
-        """One step ran rows feeding `row_tokens` tokens each in `seconds`."""
+    def observe(self, row_tokens: list[int], seconds: float, started: float | None = None) -> None:
+        """One step ran rows feeding `row_tokens` tokens each in `seconds`, its forward starting at
+        `started` (a `time.perf_counter()` reading; given, the host time since the previous forward
+        ended is kept as well)."""
         if self.frozen or not row_tokens or seconds <= 0:
             return
+        if started is not None:
+            if self._last_end is not None and 0.0 <= started - self._last_end <= HOST_GAP_FACTOR * seconds:
+                self._host.append(started - self._last_end)
+                self._host_median = None
+            self._last_end = started + seconds
         if self.padded:
             bucket = self.bucket(max(row_tokens))
             if bucket is None:
@@ -137,6 +156,22 @@ class StepCosts:
         median = self._median((rows, bucket))
         return median if self.padded else median * tokens
 
+    def host_seconds(self) -> float:
+        """Median host seconds a step spends outside its forward (proposals, verification, the
+        policies); 0.0 until `MIN_SAMPLES` gaps were seen. Added to both sides of every cost ratio
+        (`step_ratio`): a longer verify or one more row lengthens the forward, not this part."""
+        if len(self._host) < MIN_SAMPLES:
+            return 0.0
+        if self._host_median is None:
+            self._host_median = statistics.median(self._host)
+        return self._host_median
+
+    def step_ratio(self, more: float, base: float) -> float:
+        """Whole-step cost of a step whose forward takes `more` seconds over one whose forward
+        takes `base`: the host's part of a step (`host_seconds`) on both sides."""
+        host = self.host_seconds()
+        return (more + host) / (base + host)
+
     def predicted(self, rows: int, tokens: int = 1) -> float | None:
         """The prior's seconds for a step of `rows` rows of `tokens` tokens, scaled by how this
         engine's measured one-row decode step compares with the prior's; None without a prior."""
@@ -170,9 +205,9 @@ class StepCosts:
         if best is None:
             if self.prior is None:
                 return None
-            return max(0.0, self.predicted(rows + 1) / self.predicted(rows) - 1.0)
+            return max(0.0, self.step_ratio(self.predicted(rows + 1), self.predicted(rows)) - 1.0)
         base, more = self.seconds(rows, best[1]), self.seconds(rows + 1, best[1])
-        return max(0.0, more / base - 1.0)
+        return max(0.0, self.step_ratio(more, base) - 1.0)
 
     def verify_token_cost(self) -> float | None:
         """Seconds per token of the longest measured one-row verify chunk, as a fraction of a
@@ -198,12 +233,16 @@ class StepCosts:
 
     def summary(self) -> dict[str, float]:
         """Median milliseconds per fed token and shape bucket ("2x1": two rows of one token, a
-        decode step; "1x64": one row of a 64-token bucket), for reports."""
-        return {
+        decode step; "1x64": one row of a 64-token bucket), and the host's part of a step
+        ("host"), for reports."""
+        out = {
             f"{rows}x{tokens}": round(1000 * self._median((rows, tokens)) / (tokens if self.padded else 1), 3)
             for (rows, tokens), s in sorted(self._samples.items())
             if s
         }
+        if self._host:
+            out["host"] = round(1000 * statistics.median(self._host), 3)
+        return out
 
 
 def engine_step_costs(runner, model, device_name: str | None = None) -> StepCosts:

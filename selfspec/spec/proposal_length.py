@@ -8,7 +8,8 @@ tokens it is expected to commit outweigh what the longer step costs:
 With a per-token acceptance rate α (each proposed token accepted with probability α, the
 first rejection ending the run), E[accepted + 1 | k] = 1 + α + ... + α^k. The cost ratio is the
 engine's own measurement (`engine.step_costs`) of a step of `rows` rows feeding 1 + k tokens
-each, against a decode step of as many rows: every row of a busy batch is assumed to speculate
+each, against a decode step of as many rows, the host's part of a step (which a longer verify
+does not lengthen) on both sides: every row of a busy batch is assumed to speculate
 as this one does, so the figure is the batch's throughput, not one request's latency, and a
 length that would make the batch slower than plain decoding is never chosen. Where that exact
 shape was not measured, a line fitted to every measured shape (a fixed cost per forward plus a
@@ -228,14 +229,14 @@ def cost_ratio(
     if costs is not None:
         base, more = costs.seconds(rows, 1), costs.seconds(rows, tokens)
         if base and more:
-            return max(1.0, more / base), "measured"
+            return max(1.0, costs.step_ratio(more, base)), "measured"
         if costs.prior is not None:  # a step-cost model of this model and device: every shape priced
-            return max(1.0, costs.predicted(rows, tokens) / costs.predicted(rows, 1)), "model"
+            return max(1.0, costs.step_ratio(costs.predicted(rows, tokens), costs.predicted(rows, 1))), "model"
         if line is _NOT_GIVEN:
             line = fitted_line(costs, rows)
         if line is not None:
             fixed, per_token = line
-            return max(1.0, (fixed + per_token * rows * tokens) / (fixed + per_token * rows)), "fitted"
+            return max(1.0, costs.step_ratio(fixed + per_token * rows * tokens, fixed + per_token * rows)), "fitted"
     q = TOKEN_COST_PRIOR
     return (1.0 + q * rows * tokens) / (1.0 + q * rows), "prior"
 

@@ -59,7 +59,7 @@ class _FrozenCosts(StepCosts):
                 for _ in range(4):
                     super().observe([tokens] * rows, _gpu(rows, tokens))
 
-    def observe(self, row_tokens: list[int], seconds: float) -> None:
+    def observe(self, row_tokens: list[int], seconds: float, started: float | None = None) -> None:
         """Measurements are ignored: the profile stays as set."""
 
 

@@ -20,6 +20,7 @@ from selfspec.spec.draft_gate import (
     copy_steps,
 )
 from selfspec.spec.draft_schedule import DraftSchedule
+from selfspec.spec.proposal_length import cost_ratio
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import bigram_model, tiny_model, tiny_tokenizer
 from selfspec.thinking.policy import ThinkingLimits
@@ -61,6 +62,26 @@ def test_row_cost_is_read_where_the_steps_run():
         costs.observe([1, 1], 0.0088)
     assert costs.row_cost(1) == pytest.approx(0.10)
     assert StepCosts().row_cost(1) is None
+
+
+def test_host_time_between_forwards_weighs_in_every_ratio():
+    """A step is its forward plus the host's work before the next one: a verify that makes the
+    forward 20% longer makes a step with 0.05 s of host work on a 0.10 s forward 13% longer."""
+    costs = StepCosts()
+    now = 0.0
+    for _ in range(8):
+        for tokens, seconds in ((1, 0.10), (16, 0.12)):
+            costs.observe([tokens], seconds, now)
+            now += seconds + 0.05
+        costs.observe([1, 1], 0.11, now)
+        now += 0.11 + 0.05
+    now += 10.0  # the engine idled: not a step's host work
+    costs.observe([1], 0.10, now)
+    assert costs.host_seconds() == pytest.approx(0.05)
+    assert cost_ratio(costs, 1, 16)[0] == pytest.approx(0.17 / 0.15)
+    assert costs.row_cost(1) == pytest.approx(0.16 / 0.15 - 1.0)
+    assert costs.summary()["host"] == pytest.approx(50.0)
+    assert StepCosts().host_seconds() == 0.0  # nothing seen: forwards alone
 
 
 def test_step_costs_median_ignores_stalls():

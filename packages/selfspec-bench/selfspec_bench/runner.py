@@ -135,6 +135,9 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         "answer_distinct4": distinct_ngram_ratio(answer),
         "answer_text": r.answer_text,
         "forward_shapes": shape_counts(r.output_shapes),
+        # The engine's measured step costs when the request ended (ms per fed token by shape, and the
+        # host's part of a step): what the speculation policy priced its choices with.
+        "step_ms": llm.engine.step_costs.summary(),
         "_token_ids": list(r.token_ids),  # for first_divergence; not written
         "_token_shapes": list(r.output_shapes),
     }
