@@ -187,17 +187,20 @@ class StepCosts:
             scale = decode / self.prior.seconds(1, 1, self.prior_keys)
         return scale * self.prior.seconds(rows, tokens, keys)
 
-    def row_cost(self, rows: int) -> float | None:
-        """What one more row adds to a step of `rows` rows, as a fraction of that step (0.05: 5%
-        slower), at the tokens-per-row bucket the engine ran most often in both shapes. Plain SSR
-        decodes (one token per row); composed with speculation in the thinking, parent and draft
-        both verify several tokens per step, and rare one-token steps are no measure of those.
-        None until both shapes of some bucket are measured."""
+    def row_cost(self, rows: int, extra: int = 1) -> float | None:
+        """What each of `extra` more rows adds to a step of `rows` rows, as a fraction of that step
+        (0.05: 5% slower per row), at the tokens-per-row bucket the engine ran most often in both
+        shapes. Plain SSR decodes (one token per row); composed with speculation in the thinking,
+        parent and draft both verify several tokens per step, and rare one-token steps are no
+        measure of those. `extra` > 1 shares the cost of several rows out evenly: on padded
+        batches the row that crosses into the next batch bucket costs a step's worth and the rows
+        after it nothing, and the drafts that ride in the larger bucket together pay for it
+        together. None until both shapes of some bucket are measured (and no prior)."""
         best: tuple[int, int] | None = None  # (samples of the scarcer shape, bucket)
         for r, bucket in self._samples:
-            if r != rows or (rows + 1, bucket) not in self._samples:
+            if r != rows or (rows + extra, bucket) not in self._samples:
                 continue
-            count = min(len(self._samples[(rows, bucket)]), len(self._samples[(rows + 1, bucket)]))
+            count = min(len(self._samples[(rows, bucket)]), len(self._samples[(rows + extra, bucket)]))
             if count < MIN_SAMPLES:
                 continue
             if best is None or (count, -bucket) > (best[0], -best[1]):
@@ -205,9 +208,10 @@ class StepCosts:
         if best is None:
             if self.prior is None:
                 return None
-            return max(0.0, self.step_ratio(self.predicted(rows + 1), self.predicted(rows)) - 1.0)
-        base, more = self.seconds(rows, best[1]), self.seconds(rows + 1, best[1])
-        return max(0.0, self.step_ratio(more, base) - 1.0)
+            more, base = self.predicted(rows + extra), self.predicted(rows)
+        else:
+            base, more = self.seconds(rows, best[1]), self.seconds(rows + extra, best[1])
+        return max(0.0, (self.step_ratio(more, base) - 1.0) / extra)
 
     def verify_token_cost(self) -> float | None:
         """Seconds per token of the longest measured one-row verify chunk, as a fraction of a

@@ -81,8 +81,13 @@ class AutoConfig(MethodConfig):
     max_step_ratio: float = Field(1.5, ge=1.0)
 
     def ssr_config(self) -> SSRConfig:
-        """The SSR settings the thinking path runs with."""
+        """The SSR settings the thinking path runs with. No suffix back-off: each answer step's
+        proposal length comes from the length rule, which proposes nothing where copies keep
+        failing and everything where they run; skipping steps after a miss on top of it left an
+        answer that copies its CoT (route finding, no draft) at half prompt lookup's tokens per
+        forward on an H100."""
         return SSRConfig(
+            suffix_backoff_max=0,
             draft_interval=self.draft_interval,
             max_draft_len=self.max_draft_len,
             speculate_thinking=True,

@@ -194,10 +194,11 @@ class DraftGate:
         self._failed_checks = 0  # consecutive checks of the running draft that said it cannot pay
         self._exploring = False  # the running draft was forked to measure, not because it pays
 
-    def before_fork(self, costs: "StepCosts | None", rows: int, cot_tokens: int) -> GateVerdict:
-        """Fork a draft now, beside `rows` decode rows (this request's included)? After
-        `EXPLORE_EVERY` declined forks in a row on this LLM, one is forked anyway ("explore")."""
-        verdict = self._judge(costs, rows, cot_tokens, when_unknown="probe", when_pays="fork")
+    def before_fork(self, costs: "StepCosts | None", rows: int, cot_tokens: int, other_drafts: int = 0) -> GateVerdict:
+        """Fork a draft now, beside `rows` rows that are no draft (this request's included) and
+        `other_drafts` other requests' drafts? After `EXPLORE_EVERY` declined forks in a row on
+        this LLM, one is forked anyway ("explore")."""
+        verdict = self._judge(costs, rows, cot_tokens, other_drafts, when_unknown="probe", when_pays="fork")
         history = self.history
         if history is not None:
             if verdict.action != "skip":
@@ -213,16 +214,17 @@ class DraftGate:
         return verdict
 
     def while_drafting(
-        self, costs: "StepCosts | None", rows: int, cot_tokens: int, draft_tokens: int
+        self, costs: "StepCosts | None", rows: int, cot_tokens: int, draft_tokens: int, other_drafts: int = 0
     ) -> GateVerdict | None:
-        """Re-judge a running draft every `probe_steps` of its tokens (`rows` excludes it).
+        """Re-judge a running draft every `probe_steps` of its tokens (`rows` excludes it and every
+        other draft, `other_drafts` counts the other requests' ones).
         Returns a verdict when one was made, None between checks (and for an explored draft)."""
         if self._exploring:
             return None
         if draft_tokens < self._next_check:
             return None
         self._next_check = draft_tokens + self.probe_steps
-        verdict = self._judge(costs, rows, cot_tokens, when_unknown="keep", when_pays="keep")
+        verdict = self._judge(costs, rows, cot_tokens, other_drafts, when_unknown="keep", when_pays="keep")
         if verdict.action == "cancel":
             # A cancelled draft is lost work, and one window of a busy machine (another process
             # taking a core) can make any row look dear: cancel on the second failing check in a row.
@@ -236,12 +238,19 @@ class DraftGate:
         return verdict
 
     def _judge(
-        self, costs: "StepCosts | None", rows: int, cot_tokens: int, *, when_unknown: str, when_pays: str
+        self,
+        costs: "StepCosts | None",
+        rows: int,
+        cot_tokens: int,
+        other_drafts: int,
+        *,
+        when_unknown: str,
+        when_pays: str,
     ) -> GateVerdict:
         rows = max(1, rows)
         history = self.history
         self.acceptance = a = history.estimate(self.prior) if history is not None else self.prior
-        row_cost = costs.row_cost(rows) if costs is not None else None
+        row_cost = _draft_row_cost(costs, rows, max(0, other_drafts))
         measured_verify = costs.verify_token_cost() if costs is not None else None
         verify_cost = min(1.0, measured_verify if measured_verify is not None else VERIFY_COST_PRIOR)
         prior_saving = a * (1.0 - verify_cost)
@@ -267,3 +276,21 @@ class DraftGate:
     def report(self) -> list[dict]:
         """Every decision, in order, as plain dicts (for the request's metrics)."""
         return [asdict(v) for v in self.verdicts]
+
+
+def _draft_row_cost(costs: "StepCosts | None", rows: int, other_drafts: int) -> float | None:
+    """A draft row's share of what the drafts add to a step of `rows` rows that are no draft:
+    every running draft (the other requests' and this one) pays alike. Charging each draft only
+    its marginal row let drafts pile up under load: the first crossed a batch bucket and was
+    declined, but once another request's explored draft had crossed it, every next one looked
+    free, and 16 class-synthesis requests on an H100 ran in 32-row steps at 1.07x plain
+    decoding where without drafts auto reached 1.21x. Where the no-draft shape is unmeasured (the
+    drafts have run all along), the marginal row at the current size."""
+    if costs is None:
+        return None
+    if other_drafts > 0:
+        shared = costs.row_cost(rows, other_drafts + 1)
+        if shared is not None:
+            return shared
+        return costs.row_cost(rows + other_drafts)
+    return costs.row_cost(rows)

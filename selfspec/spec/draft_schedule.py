@@ -10,11 +10,15 @@ from selfspec.spec.draft_gate import AcceptanceHistory, DraftGate
 from selfspec.spec.ssr_core import Draft, DraftBackend, SSRConfig
 
 
-def _measured(backend: DraftBackend) -> tuple[Any, int]:
-    """The backend's (step costs, decode rows without this request's drafts), (None, 1) if none."""
+def _measured(backend: DraftBackend) -> tuple[Any, int, int]:
+    """The backend's (step costs, rows that are no draft, other requests' running drafts);
+    (None, 1, 0) if it measures nothing. A backend that tells two figures (costs, rows without
+    this request's drafts) is taken as having no other drafts."""
     step_costs = getattr(backend, "step_costs", None)
     measured = step_costs() if step_costs is not None else None
-    return measured if measured is not None else (None, 1)
+    if measured is None:
+        return None, 1, 0
+    return measured if len(measured) == 3 else (*measured, 0)
 
 
 class DraftSchedule:
@@ -55,8 +59,8 @@ class DraftSchedule:
                 self.budgets = []
                 break
             if self.gate is not None:
-                costs, rows = _measured(backend)
-                if not self.gate.before_fork(costs, rows, cot_tokens).drafts:
+                costs, rows, others = _measured(backend)
+                if not self.gate.before_fork(costs, rows, cot_tokens, other_drafts=others).drafts:
                     continue
             self.fork(cot_tokens, anchor, backend)
 
@@ -83,8 +87,8 @@ class DraftSchedule:
             # Longer than any answer this LLM has given lately: the rest would not be verified.
             self.cancel_running(backend, f"draft gate: {len(newest.tokens)} tokens, past this LLM's answers")
             return
-        costs, rows = _measured(backend)
-        verdict = self.gate.while_drafting(costs, rows, cot_tokens, len(newest.tokens))
+        costs, rows, others = _measured(backend)
+        verdict = self.gate.while_drafting(costs, rows, cot_tokens, len(newest.tokens), other_drafts=others)
         if verdict is not None and not verdict.drafts:
             # The device cannot carry a draft at this load: no later budget would do better.
             self.cancel_running(backend, f"draft gate: {verdict.reason}")

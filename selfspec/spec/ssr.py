@@ -120,9 +120,12 @@ class _EngineDrafts:
         return _draft_running(draft)
 
     def step_costs(self):
-        """The engine's measured step costs, and its running rows less this request's drafts."""
-        drafts = sum(1 for d in self.owner.drafts if not d.seq.is_finished)
-        return self.engine.step_costs, self.engine.num_running - drafts
+        """The engine's measured step costs, its running rows that are no draft, and the drafts of
+        other requests running beside them (the gate shares the rows' cost out among all drafts)."""
+        running = self.engine.scheduler.running
+        drafts = sum(1 for s in running if isinstance(s.policy, DraftPolicy))
+        own = sum(1 for d in self.owner.drafts if not d.seq.is_finished)
+        return self.engine.step_costs, len(running) - drafts, drafts - own
 
 
 class SSRPolicy(ThinkingPolicy):

@@ -17,6 +17,7 @@ from selfspec.spec.draft_gate import (
     VERIFY_COST_PRIOR,
     AcceptanceHistory,
     DraftGate,
+    _draft_row_cost,
     copy_steps,
 )
 from selfspec.spec.draft_schedule import DraftSchedule
@@ -84,6 +85,25 @@ def test_host_time_between_forwards_weighs_in_every_ratio():
     assert StepCosts().host_seconds() == 0.0  # nothing seen: forwards alone
 
 
+def test_drafts_under_load_share_the_batch_bucket_they_cross():
+    """On padded batches the 17th row moves the step into the 32-row bucket and the rows after it
+    ride free: priced by its marginal row, the draft beside 7 others looked free and forked, and the
+    batch stayed in the dear bucket. Shared out among every draft, each pays its part of the jump."""
+    costs = StepCosts()
+    for _ in range(8):
+        costs.observe([8] * 16, 0.00196)
+        for rows in range(17, 33):
+            costs.observe([8] * rows, 0.0033)
+    assert costs.row_cost(16) == pytest.approx(0.0033 / 0.00196 - 1.0)
+    assert costs.row_cost(23) == 0.0  # the marginal row inside the bucket
+    assert costs.row_cost(16, 8) == pytest.approx((0.0033 / 0.00196 - 1.0) / 8)
+    gate = DraftGate(SSRConfig(gate="cost"), AcceptanceHistory())
+    assert gate.before_fork(costs, rows=16, cot_tokens=10, other_drafts=7).action == "skip"
+    # The same request alone in its 16-row bucket, or with the no-draft shape unmeasured: its own row.
+    assert gate._judge(costs, 23, 10, 0, when_unknown="probe", when_pays="fork").row_cost == 0.0
+    assert _draft_row_cost(costs, 20, 3) == 0.0  # 20 rows never ran: the marginal row at 23
+
+
 def test_step_costs_median_ignores_stalls():
     costs = _costs({1: 0.10})
     costs.observe([1], 5.0)  # one stall among eight
@@ -122,7 +142,7 @@ class _FixedCosts(StepCosts):
         super().__init__()
         self.row = row
 
-    def row_cost(self, rows: int) -> float | None:
+    def row_cost(self, rows: int, extra: int = 1) -> float | None:
         return self.row
 
     def verify_token_cost(self) -> float | None:
@@ -155,9 +175,9 @@ def test_gate_decisions_leave_the_output_unchanged(bigram_llm, row_cost, expect)
             # Unmeasured at the fork; measured as far too dear once the draft has run 4 tokens.
             original = DraftGate.while_drafting
 
-            def measured_then(gate, costs_, rows, cot_tokens, draft_tokens):
+            def measured_then(gate, costs_, rows, cot_tokens, draft_tokens, other_drafts=0):
                 costs.row = 2.0
-                return original(gate, costs_, rows, cot_tokens, draft_tokens)
+                return original(gate, costs_, rows, cot_tokens, draft_tokens, other_drafts)
 
             DraftGate.while_drafting = measured_then
         try:

@@ -84,3 +84,18 @@ def test_answer_without_a_draft_or_thinking_speculation_decodes_plainly():
     answer.start([1, 2, 3], drafts=[])
     assert answer.stage is SSRStage.PLAIN
     assert answer.propose([1, 2, 3], 8) is None
+
+
+def test_autos_answer_proposes_again_right_after_a_miss():
+    """Auto sizes every answer proposal by the length rule, which already proposes nothing where
+    copies keep failing: a back-off on top of it skipped the steps right after a miss, where an
+    answer that copies its CoT picks the copy up again (prompt lookup proposes at every step)."""
+    from selfspec.spec.auto import AutoConfig
+
+    context = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    for config, proposes_after_a_miss in ((AutoConfig().ssr_config(), True), (SSRConfig(draft_budgets=[10]), False)):
+        answer = _answer(config, NgramProposer())
+        answer.start(context, drafts=[])
+        assert answer.propose(context, 8) is not None
+        answer.on_verdict(SSRStage.SUFFIX.value, 0, 3, [7])  # nothing accepted
+        assert (answer.propose(context + [7, 1, 2, 3], 8) is not None) is proposes_after_a_miss
