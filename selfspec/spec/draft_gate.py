@@ -213,15 +213,18 @@ class DraftGate:
         self._next_check = self.probe_steps
         return verdict
 
+    def due(self, draft_tokens: int) -> bool:
+        """Whether `while_drafting` would judge a running draft of `draft_tokens` tokens now (the
+        caller measures the step costs only then: it runs on every step of a drafting request)."""
+        return not self._exploring and draft_tokens >= self._next_check
+
     def while_drafting(
         self, costs: "StepCosts | None", rows: int, cot_tokens: int, draft_tokens: int, other_drafts: int = 0
     ) -> GateVerdict | None:
         """Re-judge a running draft every `probe_steps` of its tokens (`rows` excludes it and every
         other draft, `other_drafts` counts the other requests' ones).
         Returns a verdict when one was made, None between checks (and for an explored draft)."""
-        if self._exploring:
-            return None
-        if draft_tokens < self._next_check:
+        if not self.due(draft_tokens):
             return None
         self._next_check = draft_tokens + self.probe_steps
         verdict = self._judge(costs, rows, cot_tokens, other_drafts, when_unknown="keep", when_pays="keep")

@@ -87,6 +87,8 @@ class DraftSchedule:
             # Longer than any answer this LLM has given lately: the rest would not be verified.
             self.cancel_running(backend, f"draft gate: {len(newest.tokens)} tokens, past this LLM's answers")
             return
+        if not self.gate.due(len(newest.tokens)):
+            return
         costs, rows, others = _measured(backend)
         verdict = self.gate.while_drafting(costs, rows, cot_tokens, len(newest.tokens), other_drafts=others)
         if verdict is not None and not verdict.drafts:
