@@ -83,9 +83,9 @@ class AutoConfig(MethodConfig):
     def ssr_config(self) -> SSRConfig:
         """The SSR settings the thinking path runs with. No suffix back-off: each answer step's
         proposal length comes from the length rule, which proposes nothing where copies keep
-        failing and everything where they run; skipping steps after a miss on top of it left an
-        answer that copies its CoT (route finding, no draft) at half prompt lookup's tokens per
-        forward on an H100."""
+        failing and everything where they run; skipping the steps after a miss on top of it
+        costs an answer that copies its CoT the copies it would pick up again at once (without a
+        draft, about half prompt lookup's tokens per forward on route finding, H100)."""
         return SSRConfig(
             suffix_backoff_max=0,
             draft_interval=self.draft_interval,

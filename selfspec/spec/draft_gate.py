@@ -283,17 +283,13 @@ class DraftGate:
 
 def _draft_row_cost(costs: "StepCosts | None", rows: int, other_drafts: int) -> float | None:
     """A draft row's share of what the drafts add to a step of `rows` rows that are no draft:
-    every running draft (the other requests' and this one) pays alike. Charging each draft only
-    its marginal row let drafts pile up under load: the first crossed a batch bucket and was
-    declined, but once another request's explored draft had crossed it, every next one looked
-    free, and 16 class-synthesis requests on an H100 ran in 32-row steps at 1.07x plain
-    decoding where without drafts auto reached 1.21x. Where the no-draft shape is unmeasured (the
-    drafts have run all along), the marginal row at the current size."""
+    every running draft (the other requests' and this one) pays alike. Priced at its marginal
+    row, a draft beside others that already crossed a batch bucket would look free, and drafts
+    would pile up in the dearer bucket, each one declined alone. Where the no-draft shape is
+    unmeasured (drafts have run all along), the marginal row at the current size."""
     if costs is None:
         return None
-    if other_drafts > 0:
-        shared = costs.row_cost(rows, other_drafts + 1)
-        if shared is not None:
-            return shared
-        return costs.row_cost(rows + other_drafts)
-    return costs.row_cost(rows)
+    shared = costs.row_cost(rows, other_drafts + 1)
+    if shared is None and other_drafts > 0:
+        shared = costs.row_cost(rows + other_drafts)
+    return shared

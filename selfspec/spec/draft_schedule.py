@@ -12,13 +12,10 @@ from selfspec.spec.ssr_core import Draft, DraftBackend, SSRConfig
 
 def _measured(backend: DraftBackend) -> tuple[Any, int, int]:
     """The backend's (step costs, rows that are no draft, other requests' running drafts);
-    (None, 1, 0) if it measures nothing. A backend that tells two figures (costs, rows without
-    this request's drafts) is taken as having no other drafts."""
+    (None, 1, 0) if it measures nothing."""
     step_costs = getattr(backend, "step_costs", None)
     measured = step_costs() if step_costs is not None else None
-    if measured is None:
-        return None, 1, 0
-    return measured if len(measured) == 3 else (*measured, 0)
+    return measured if measured is not None else (None, 1, 0)
 
 
 class DraftSchedule:

@@ -202,9 +202,9 @@ class DraftBackend(Protocol):
     """What a backend does for SSR's drafting (the engine: fork/cancel a sequence; vLLM: submit
     /abort a child request). `fork_draft` returns the handle stored in `Draft.seq`, None when
     the backend refuses (no room). `step_costs` gives the measured step costs, the number of
-    decode rows now running that are no draft and, optionally, how many other requests' drafts
-    run beside them (None where the backend measures none, or a backend without the method:
-    the cost gate then always forks)."""
+    decode rows now running that are no draft and how many other requests' drafts run beside
+    them (None where the backend measures none, or a backend without the method: the cost gate
+    then always forks)."""
 
     def fork_draft(self, draft: Draft, earlier: list[Draft]) -> Any | None: ...
 
@@ -212,7 +212,7 @@ class DraftBackend(Protocol):
 
     def draft_running(self, draft: Draft) -> bool: ...
 
-    def step_costs(self) -> "tuple[Any, int] | tuple[Any, int, int] | None": ...
+    def step_costs(self) -> "tuple[Any, int, int] | None": ...
 
 
 def draft_proposer(config: SSRConfig, earlier: list[Draft]):

@@ -400,8 +400,8 @@ def test_a_full_batch_stops_forking():
     config = AutoConfig(draft_interval=10).ssr_config()
     alone = DraftSchedule(config, cot_cap=100, thinking=True)
     busy = DraftSchedule(config, cot_cap=100, thinking=True)
-    alone.on_cot(10, [CLOSE], _Backend([1, 2], (costs, 1)))
-    busy_backend = _Backend([1, 2], (costs, 16))
+    alone.on_cot(10, [CLOSE], _Backend([1, 2], (costs, 1, 0)))
+    busy_backend = _Backend([1, 2], (costs, 16, 0))
     busy.on_cot(10, [CLOSE], busy_backend)
     assert [v["action"] for v in alone.gate.report()] == ["fork"]
     assert [v["action"] for v in busy.gate.report()] == ["skip"]
