@@ -23,7 +23,7 @@ a dozen shapes per row and step).
 A step is more than its forward: between two forwards the host proposes, verifies, commits and
 runs the policies, and the device waits (the forward ends in a synchronising copy). That gap is
 kept too (`host_seconds`), because what a longer verify or one more row adds has to be weighed
-against the whole step: on an H100 a 135M model's forward is ~1.4 ms and the host's part ~0.2 ms,
+against the whole step: on an H100 a 135M model's forward is ~1.4 ms and the host's part 0.05-0.13 ms,
 and a ratio of forwards alone overstates every extra token's and row's price by that share.
 """
 
