@@ -21,7 +21,8 @@ with no recorder attached the runner pays one attribute test per call.
 Encoding (version 1), a JSON object:
   {"v": 1, "slots": S, "max_len": L, "static": bool, "buckets": [..] | null, "want": 0 | 1,
    "forwards": N, "tokens": fed tokens, "gpu_s": forward time, "host_s": the rest,
-   "ops": [entry, ...], "ids": [[[token ids per row] per forward]] (only with keep_tokens)}
+   "ops": [entry, ...], "ids": [[[token ids per row] per forward]] (only with keep_tokens),
+   "stalls": [[forward index, ms], ...] (only where some gap before a forward exceeded STALL_SECONDS)}
 An entry is a forward group `[k, rows]` (k identical forwards in a row) or an operation:
 `["c", src, dst, length]` (slot copy), `["t", slot, delta]` (cached length set to the slot's
 length + delta, delta < 0), `["f", slot]` (slot freed). A row is `[slot, dstart, n]` or
@@ -35,13 +36,20 @@ copied when m > 0 (m < 0: the other copy flag, m = 0: no logits).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from selfspec.engine.model_runner import Chunk, ModelRunner
 
 SCHEDULE_VERSION = 1
+
+STALL_SECONDS = 0.005
+"""A gap between two forwards longer than this is kept one by one (`Schedule.stalls`): a step's host
+work is ~0.05-0.2 ms on a GPU, so a gap of milliseconds is an event (a collection, a capture, a slow
+proposer) that one host sum per request hides."""
+MAX_STALLS = 32
+"""Stalls kept per schedule: the longest ones."""
 
 
 class ScheduleError(ValueError):
@@ -97,6 +105,7 @@ class Schedule:
     buckets: list[int] | None = None  # static forwards' token buckets
     gpu_s: float = 0.0  # time inside the runner's forwards (ends with the greedy tokens' host copy)
     host_s: float = 0.0  # everything else between attach and finish
+    stalls: list[tuple[int, float]] = field(default_factory=list)  # (forward index, seconds of the gap before it)
 
     @property
     def forwards(self) -> list[Forward]:
@@ -120,13 +129,16 @@ class ScheduleRecorder:
         self.gpu_s = 0.0
         self.runner: ModelRunner | None = None
         self._began = 0.0
+        self._last_end = 0.0
+        self._forwards = 0
+        self._stalls: list[tuple[int, float]] = []
 
     def attach(self, runner: ModelRunner) -> ScheduleRecorder:
         if runner.recorder is not None:
             raise RuntimeError("the runner already has a schedule recorder attached")
         self.runner = runner
         runner.recorder = self
-        self._began = self.clock()
+        self._began = self._last_end = self.clock()
         return self
 
     # ------------------------------------------------------------------ runner seams
@@ -134,6 +146,10 @@ class ScheduleRecorder:
         # References only (the engine builds new chunks every step); read in `finish`.
         self.gpu_s += ended - started
         self._raw.append(("F", chunks, want_logits))
+        if started - self._last_end > STALL_SECONDS:
+            self._stalls.append((self._forwards, started - self._last_end))
+        self._last_end = ended
+        self._forwards += 1
 
     def copy(self, src: int, dst: int, length: int) -> None:
         self._raw.append(("c", src, dst, length))
@@ -188,6 +204,7 @@ class ScheduleRecorder:
             buckets=list(static.buckets.tokens) if static is not None else None,
             gpu_s=self.gpu_s,
             host_s=max(0.0, total - self.gpu_s),
+            stalls=sorted(sorted(self._stalls, key=lambda s: -s[1])[:MAX_STALLS]),
         )
 
 
@@ -239,6 +256,8 @@ def encode(schedule: Schedule) -> dict[str, Any]:
         "host_s": round(schedule.host_s, 6),
         "ops": ops,
     }
+    if schedule.stalls:
+        out["stalls"] = [[index, round(1000 * seconds, 3)] for index, seconds in schedule.stalls]
     if forwards and all(f.token_ids is not None for f in forwards):
         out["ids"] = [[list(ids) for ids in f.token_ids] for f in forwards]
     return out
@@ -289,6 +308,7 @@ def decode(data: dict[str, Any]) -> Schedule:
             buckets=data.get("buckets"),
             gpu_s=float(data.get("gpu_s", 0.0)),
             host_s=float(data.get("host_s", 0.0)),
+            stalls=[(int(index), float(ms) / 1000) for index, ms in data.get("stalls", [])],
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         if isinstance(exc, ScheduleError):

@@ -27,6 +27,7 @@ from selfspec.engine.schedule import (
     decode,
     encode,
 )
+from selfspec.engine.schedule import MAX_STALLS, STALL_SECONDS
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer
@@ -75,6 +76,38 @@ def test_codec_round_trips_every_event_and_collapses_repeated_forwards():
     assert data["forwards"] == 55 and data["tokens"] == 20 + 4 + 50 + 12 + 6 + 2
     with_ids = Schedule([Forward((Row(0, 0, 2, 1, False),), ((5, 6),))] * 3, num_slots=1, max_len=8)
     assert _roundtrip(with_ids).events == with_ids.events
+
+
+class _FakeRunner:
+    recorder = None
+    static = None
+    num_slots = 1
+    max_len = 64
+
+
+class _Chunk:
+    slot, start, token_ids, num_logits = 0, 0, (1,), 1
+
+
+def test_long_gaps_between_forwards_are_kept_one_by_one_and_round_trip():
+    """A host stall (a collection, a capture, a slow proposer) shows as its own entry with the
+    forward it delayed; ordinary gaps only add to the host sum; only the longest are kept."""
+    now = [0.0]
+    recorder = ScheduleRecorder(clock=lambda: now[0]).attach(_FakeRunner())
+    gaps = [0.0001] * 5 + [STALL_SECONDS * 4] + [0.0001] * 3 + [STALL_SECONDS * 2]
+    gaps += [STALL_SECONDS * 1.5] * (MAX_STALLS + 3)
+    for gap in gaps:
+        started = now[0] + gap
+        now[0] = started + 0.001
+        recorder.forward([_Chunk()], None, started, now[0])
+    schedule = recorder.finish()
+    assert len(schedule.stalls) == MAX_STALLS
+    assert schedule.stalls[:2] == [(5, pytest.approx(STALL_SECONDS * 4)), (9, pytest.approx(STALL_SECONDS * 2))]
+    assert all(index >= 10 for index, _ in schedule.stalls[2:])  # the shortest of the equal rest dropped
+    back = _roundtrip(schedule)
+    assert [i for i, _ in back.stalls] == [i for i, _ in schedule.stalls]
+    assert back.stalls[0][1] == pytest.approx(STALL_SECONDS * 4, rel=1e-3)
+    assert "stalls" not in encode(Schedule([], num_slots=1, max_len=8))
 
 
 @pytest.mark.parametrize(
