@@ -16,6 +16,8 @@ from selfspec.config import PromptLookupConfig, SuffixDecodingConfig
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.schedule import (
+    MAX_STALLS,
+    STALL_SECONDS,
     Forward,
     Free,
     Rollback,
@@ -27,7 +29,6 @@ from selfspec.engine.schedule import (
     decode,
     encode,
 )
-from selfspec.engine.schedule import MAX_STALLS, STALL_SECONDS
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.tiny import save_tiny_model_dir, tiny_model, tiny_tokenizer
