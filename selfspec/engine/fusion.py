@@ -27,7 +27,7 @@ import torch
 
 _state = threading.local()
 
-POINTWISE_SUFFIXES = ("RMSNorm", "MLP")
+POINTWISE_SUFFIXES = ("RMSNorm", "RMSNormGated", "MLP")
 
 
 def fused_active() -> bool:
@@ -112,7 +112,7 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     for module in model.modules():
         cls = type(module)
         if _has_gate_up(module) and not getattr(module.forward, "_selfspec_fused", False):
-            _share_concatenated(module, "gate_up", [module.gate_proj, module.up_proj])
+            share_concatenated(module, "gate_up", [module.gate_proj, module.up_proj])
             compiled = compiled_by_class.get(("gate_up", cls))
             if compiled is None:
                 compiled = torch.compile(_gate_up_mlp, dynamic=True, backend=backend)
@@ -132,6 +132,9 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
         eager = module.forward
         module.forward = _dispatch(eager, lambda *a, _m=module, _c=compiled, **k: _c(_m, *a, **k))
         wrapped.add(cls.__name__)
+    from selfspec.engine.linear_attention import fuse_layers  # that module imports this one
+
+    wrapped.update(fuse_layers(model, backend=backend))
     for module in model.modules():
         if type(module).__name__.endswith("Attention"):
             modeling = sys.modules.get(type(module).__module__)
@@ -146,9 +149,10 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     return sorted(wrapped)
 
 
-_INSTANCE_OVERRIDES = ("forward", "_selfspec_linear", "_selfspec_skinny")
+_INSTANCE_OVERRIDES = ("forward", "_selfspec_linear", "_selfspec_skinny", "_selfspec_gdn_prepare", "_gdn_in_sizes")
 """What the fusion passes set on module instances: forward overrides, the skinny-GEMM table's
-bound `linear` (the table holds a lock and its kernels: not copyable) and its flag."""
+bound `linear` (the table holds a lock and its kernels: not copyable) and its flag, a Gated
+DeltaNet layer's compiled preparation and its fused projection's split."""
 
 
 def unfused_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -187,7 +191,7 @@ def strip_fusion(module: torch.nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------------------- projections
-def _share_concatenated(owner: torch.nn.Module, name: str, linears: list[torch.nn.Linear]) -> None:
+def share_concatenated(owner: torch.nn.Module, name: str, linears: list[torch.nn.Linear]) -> None:
     """Concatenate the linears' weights into `owner._fused_<name>` and make each weight a view.
 
     One GEMM then computes all outputs; the views keep the eager path (and memory) as before.
@@ -239,7 +243,7 @@ def _fuse_qkv(attn: torch.nn.Module) -> bool:
     projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
     if not all(isinstance(p, torch.nn.Linear) for p in projs) or getattr(projs[0].forward, "_selfspec_fused", False):
         return False
-    _share_concatenated(attn, "qkv", projs)
+    share_concatenated(attn, "qkv", projs)
     sizes = [p.weight.shape[0] for p in projs]
     pending: dict = {}
 
@@ -291,6 +295,13 @@ def use_skinny_gemms(model: torch.nn.Module, table, backend: str = "inductor") -
         if qkv is not None and isinstance(out_proj, torch.nn.Linear):
             _route_linear(out_proj, table)
             wrapped.add(f"{type(module).__name__}.o_proj")
+        gdn_in = getattr(module, "_fused_gdn_in_weight", None)
+        if gdn_in is not None and not hasattr(module, "_selfspec_linear"):
+            # A Gated DeltaNet layer (`linear_attention.fuse_layers`): its input projections as one.
+            table.select(gdn_in, getattr(module, "_fused_gdn_in_bias", None))
+            module._selfspec_linear = table.linear
+            _route_linear(module.out_proj, table)
+            wrapped.add(f"{type(module).__name__}.in_proj+out_proj")
         gate_up = getattr(module, "_fused_gate_up_weight", None)
         if gate_up is not None and not getattr(module, "_selfspec_skinny", False):
             table.select(gate_up)

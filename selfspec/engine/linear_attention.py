@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from selfspec.engine import fla_kernels
+from selfspec.engine.fusion import fused_active, share_concatenated
 from selfspec.engine.state_cache import LinearLayerSpec, SlotStateCache
 
 RECURRENT_MAX_TOKENS = 1
@@ -108,18 +109,34 @@ def _dispatching_forward(self: torch.nn.Module, hidden_states: torch.Tensor, *ar
     return slot_forward(self, hidden_states, cache)
 
 
+def _input_projections(module) -> list[torch.nn.Linear]:
+    """The layer's projections of its input, in the order the forward uses their outputs."""
+    if hasattr(module, "in_proj_qkvz"):
+        return [module.in_proj_qkvz, module.in_proj_ba]
+    return [module.in_proj_qkv, module.in_proj_z, module.in_proj_b, module.in_proj_a]
+
+
+def _projected(module, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+    """Each input projection's output: inside the engine's fused forwards one GEMM over the
+    concatenated weights (`fuse_layers`; the skinny-GEMM table's kernel where it routed it), split
+    by output rows; otherwise each linear on its own."""
+    weight = getattr(module, "_fused_gdn_in_weight", None)
+    if weight is None or not fused_active():
+        return [linear(hidden_states) for linear in _input_projections(module)]
+    linear = getattr(module, "_selfspec_linear", F.linear)
+    return list(linear(hidden_states, weight, module._fused_gdn_in_bias).split(module._gdn_in_sizes, dim=-1))
+
+
 def _projections(module, hidden_states: torch.Tensor):
     """mixed q|k|v [B, T, C], z [B, T, H, V], b and a [B, T, H], as the module's forward has them."""
     batch, seq_len, _ = hidden_states.shape
+    outputs = _projected(module, hidden_states)
     if hasattr(module, "in_proj_qkvz"):
-        query, key, value, z, b, a = module.fix_query_key_value_ordering(
-            module.in_proj_qkvz(hidden_states), module.in_proj_ba(hidden_states)
-        )
+        query, key, value, z, b, a = module.fix_query_key_value_ordering(*outputs)
         query, key, value = (x.reshape(x.shape[0], x.shape[1], -1) for x in (query, key, value))
         return torch.cat((query, key, value), dim=-1), z, b, a
-    mixed = module.in_proj_qkv(hidden_states)
-    z = module.in_proj_z(hidden_states).reshape(batch, seq_len, -1, module.head_v_dim)
-    return mixed, z, module.in_proj_b(hidden_states), module.in_proj_a(hidden_states)
+    mixed, z, b, a = outputs
+    return mixed, z.reshape(batch, seq_len, -1, module.head_v_dim), b, a
 
 
 def _conv_window(state: torch.Tensor, mixed: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -194,6 +211,63 @@ def _chunk_rule(module) -> Callable:
     return inspect.unwrap(rule)
 
 
+def prepare_chunk(
+    mixed: torch.Tensor,
+    conv_state: torch.Tensor,
+    real: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    split: tuple[int, int, int],
+    head_dims: tuple[int, int, int],
+    activation: str,
+):
+    """Everything between the input projections and the delta rule, as pure tensor code: the
+    causal conv over [state | tokens] per row (`_conv_window`), its activation, the split into
+    queries, keys and values [B, T, heads, dim], and the decay g and learning rate beta [B, T, H]
+    with padding columns neutral (g = 0: decay 1; beta = 0: no write). Returns (window, conv_out
+    [B, T, C], query, key, value, g, beta). Pure so that `fuse_layers` can compile it: eager it is
+    some forty small kernels per layer and step (on an H100, Qwen3.5-4B's decode step ran 834
+    pointwise and 502 copy kernels, a third of its 7 ms)."""
+    batch, seq_len, _ = mixed.shape
+    window = _conv_window(conv_state, mixed.transpose(1, 2), real)
+    weight = conv_weight.squeeze(1)
+    conv_out = F.conv1d(window.to(weight.dtype), weight.unsqueeze(1), conv_bias, groups=weight.shape[0])
+    conv_out = _activation(activation)(conv_out[:, :, -seq_len:]).to(mixed.dtype).transpose(1, 2)
+    query, key, value = (
+        part.reshape(batch, seq_len, -1, dim)
+        for part, dim in zip(torch.split(conv_out, list(split), dim=-1), head_dims)
+    )
+    beta = b.sigmoid()
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    # Padding columns leave the state as it is: decay exp(0) = 1, learning rate 0.
+    pad_cols = (~real).unsqueeze(-1)
+    return window, conv_out, query, key, value, g.masked_fill(pad_cols, 0), beta.masked_fill(pad_cols, 0)
+
+
+def fuse_layers(model: torch.nn.Module, backend: str = "inductor") -> list[str]:
+    """Inside the engine's fused forwards (`fusion.fused`), run each Gated DeltaNet layer's input
+    projections as one GEMM over their concatenated weights (the linears keep views of it) and
+    `prepare_chunk` compiled; its gated norm is compiled with the other norms
+    (`fusion.compile_pointwise_modules`). Returns what was fused, for reports. Idempotent."""
+    prepare = None
+    fused: set[str] = set()
+    for module in model.modules():
+        if not is_gated_deltanet(module) or hasattr(module, "_fused_gdn_in_weight"):
+            continue
+        linears = _input_projections(module)
+        share_concatenated(module, "gdn_in", linears)
+        module._gdn_in_sizes = [int(linear.weight.shape[0]) for linear in linears]
+        if prepare is None:
+            prepare = torch.compile(prepare_chunk, dynamic=True, backend=backend)
+        module._selfspec_gdn_prepare = prepare
+        fused.add(f"{type(module).__name__}.in_proj+prepare")
+    return sorted(fused)
+
+
 def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> torch.Tensor:
     """The layer over a routed step: read each row's slot state, run, write the new state back
     and keep what rollback needs (`SlotStateCache.write`)."""
@@ -203,22 +277,21 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
     real = routing.real
     mixed, z, b, a = _projections(module, hidden_states)
     conv_state, rec_state = cache.read(layer)
-    window = _conv_window(conv_state, mixed.transpose(1, 2), real)
-    weight = module.conv1d.weight.squeeze(1)
-    conv_out = F.conv1d(window.to(weight.dtype), weight.unsqueeze(1), module.conv1d.bias, groups=weight.shape[0])
-    conv_out = _activation(module.activation)(conv_out[:, :, -seq_len:]).to(mixed.dtype)
-    query, key, value = torch.split(
-        conv_out.transpose(1, 2), [module.key_dim, module.key_dim, module.value_dim], dim=-1
+    prepare = getattr(module, "_selfspec_gdn_prepare", None) if fused_active() else None
+    window, conv_out, query, key, value, g, beta = (prepare or prepare_chunk)(
+        mixed,
+        conv_state,
+        real,
+        module.conv1d.weight,
+        module.conv1d.bias,
+        a,
+        b,
+        module.A_log,
+        module.dt_bias,
+        (module.key_dim, module.key_dim, module.value_dim),
+        (module.head_k_dim, module.head_k_dim, module.head_v_dim),
+        module.activation,
     )
-    query = query.reshape(batch, seq_len, -1, module.head_k_dim)
-    key = key.reshape(batch, seq_len, -1, module.head_k_dim)
-    value = value.reshape(batch, seq_len, -1, module.head_v_dim)
-    beta = b.sigmoid()
-    g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
-    # Padding columns leave the state as it is: decay exp(0) = 1, learning rate 0.
-    pad_cols = (~real).unsqueeze(-1)
-    beta = beta.masked_fill(pad_cols, 0)
-    g = g.masked_fill(pad_cols, 0)
     keep_states = routing.snapshots and cache.rollback == "snapshots"
     states = None
     if keep_states:
@@ -244,7 +317,7 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
         )
     inputs = None
     if routing.snapshots and not keep_states:  # rollback by recompute: the chunk's inputs
-        inputs = (conv_out.transpose(1, 2), g, beta, rec_state)
+        inputs = (conv_out, g, beta, rec_state)
     cache.write(layer, window, states, final, inputs)
     core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(core.reshape(batch, seq_len, -1))

@@ -19,6 +19,7 @@ import torch
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.constraint import ConstraintViolation, SequenceConstraint
 from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
+from selfspec.engine.host_phases import HostPhases
 from selfspec.engine.host_threads import limit_host_threads
 from selfspec.engine.isolation import grouped_proposals, guard, prepare_verifies
 from selfspec.engine.logits_processing import has_penalties, penalized, token_logprobs
@@ -136,6 +137,7 @@ class Engine:
         )
         self.steps = 0
         self.step_costs = engine_step_costs(self.runner, model)  # read by cost-aware policies
+        self.host_phases = HostPhases()  # where the host's part of a step goes (bench records)
         self._by_request: dict[str, list[Sequence]] = {}
         self.failing_requests: set[str] = set()  # requests being ended by `isolation.fail_request`
 
@@ -310,6 +312,7 @@ class Engine:
     def step(self) -> list[StepEvent]:
         """Schedule, run one batched forward, commit; then let each policy react. Returns what
         each sequence committed (for streaming)."""
+        began = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan:
             return []
@@ -353,7 +356,8 @@ class Engine:
         started = time.perf_counter()
         forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _, _ in work])
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
-        self.step_costs.observe([len(c.token_ids) for c in chunks], time.perf_counter() - started, started)
+        ended = time.perf_counter()
+        self.step_costs.observe([len(c.token_ids) for c in chunks], ended - started, started)
         self.steps += 1
         prepare_verifies(self, verify_groups([(s, forward.argmax[i], p) for i, (s, _, p, _) in enumerate(work) if p]))
         events: list[tuple[StepEvent, StepOutcome]] = []
@@ -376,12 +380,14 @@ class Engine:
                     self._settle(seq)
                 events.append((StepEvent(seq, list(outcome.committed), seq.is_finished), outcome))
         # Policies react after every row is committed, so a fork sees a consistent engine.
+        committed = time.perf_counter()
         for event, outcome in events:
             seq = event.seq
             if seq.policy is not None and not seq.is_finished and outcome.committed:
                 with guard(self, seq, "on_step"):
                     seq.policy.on_step(self, seq, outcome)
             event.finished = seq.is_finished
+        self.host_phases.add(began, started, ended, committed, time.perf_counter())
         seen = {id(event.seq) for event, _ in events}
         failed += [
             StepEvent(s, [], True) for s, *_ in work if s.finish_reason is FinishReason.ERROR and id(s) not in seen
@@ -408,11 +414,8 @@ class Engine:
 
     def _proposal_cap(self) -> int:
         """Proposals per verify step (fixed for the engine's life): `max_proposal_tokens`, and with
-        static forwards no more than the largest token bucket holds beside the pending token.
-
-        Why: a verify chunk one token longer than the largest bucket (pending + 64 proposals = 65)
-        would run eagerly — on a GPU a forward with Python overhead instead of a graph replay, and
-        transformers' attention instead of the slot kernel, so other bf16 bits than decode's."""
+        static forwards no more than the largest token bucket holds beside the pending token: a
+        longer verify chunk would run eagerly, with other kernels and so other bf16 bits than decode's."""
         static = self.runner.static
         if static is None:
             return self.config.max_proposal_tokens

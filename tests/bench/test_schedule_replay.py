@@ -224,6 +224,9 @@ def test_bench_records_carry_schedules_that_replay_into_a_report(tmp_path: Path,
         schedule = decode(rec["schedule"])
         assert schedule.gpu_s + schedule.host_s <= rec["latency_s"] * 1.5
         assert schedule.forwards and schedule.num_slots == 4
+        # where the host time between forwards went, per step, beside the schedule's host sum
+        assert set(rec["host_ms"]) == {"propose", "commit", "policies", "outside"}
+        assert sum(rec["host_ms"].values()) * len(schedule.forwards) / 1000 <= schedule.host_s * 1.5 + 1e-3
     ssr = next(r for r in records if r["mode"] == "prefix+suffix")
     assert any(isinstance(e, SlotCopy) for e in decode(ssr["schedule"]).events)
 

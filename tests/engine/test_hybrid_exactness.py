@@ -199,9 +199,46 @@ def test_unsupported_architectures_fail_at_load_naming_what_is_missing():
         hybrid.config.layer_types = ["linear_attention", *hybrid.config.layer_types[1:]]
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", pytest.param("gemma4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", HYBRID_FAMILIES)
+def test_a_gated_deltanet_layers_fused_projection_and_preparation_equal_its_own(family):
+    """One GEMM over the concatenated input projections gives each projection's output, and the
+    compiled preparation (conv, activation, gates) gives the eager one's, padding columns included."""
+    from selfspec.engine import linear_attention
+    from selfspec.engine.fusion import fused
+
+    model = _model(family)
+    layer = next(m for m in model.modules() if linear_attention.is_gated_deltanet(m))
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, model.config.hidden_size)
+    separate = [linear(hidden) for linear in linear_attention._input_projections(layer)]
+    assert linear_attention.fuse_layers(model, backend="aot_eager")
+    assert linear_attention.fuse_layers(model, backend="aot_eager") == []  # idempotent
+    with fused():
+        joined = linear_attention._projected(layer, hidden)
+    assert [tuple(t.shape) for t in joined] == [tuple(t.shape) for t in separate]
+    for a, b in zip(joined, separate):
+        torch.testing.assert_close(a, b)
+    mixed, _, b, a = linear_attention._projections(layer, hidden)
+    spec = linear_attention.layer_spec(layer)
+    conv_state = torch.randn(2, spec.conv_dim, spec.kernel)
+    real = torch.tensor([[False, False, True, True, True], [True] * 5])
+    args = (
+        mixed, conv_state, real, layer.conv1d.weight, layer.conv1d.bias, a, b, layer.A_log, layer.dt_bias,
+        (layer.key_dim, layer.key_dim, layer.value_dim), (layer.head_k_dim, layer.head_k_dim, layer.head_v_dim),
+        layer.activation,
+    )  # fmt: skip
+    eager = linear_attention.prepare_chunk(*args)
+    compiled = layer._selfspec_gdn_prepare(*args)
+    for x, y in zip(compiled, eager):
+        torch.testing.assert_close(x, y)
+    g, beta = eager[5], eager[6]
+    assert (g[0, :2] == 0).all() and (beta[0, :2] == 0).all()  # padding columns leave the state alone
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", pytest.param("gemma4", marks=pytest.mark.slow)])
 def test_fused_pointwise_path_is_exact(family):
-    """The compiled twins (norms, MLP, rotary; q/k/v and gate/up as one GEMM) on these
+    """The compiled twins (norms, MLP, rotary; q/k/v and gate/up as one GEMM; a Gated DeltaNet
+    layer's input projections as one GEMM, its conv and gates and its gated norm compiled) on these
     architectures, through the static path with speculation (aot_eager: no compiler needed)."""
     from selfspec.engine.fusion import compile_pointwise_modules
 
@@ -215,7 +252,10 @@ def test_fused_pointwise_path_is_exact(family):
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=14, min_new_tokens=14, do_sample=False
             )
         refs.append(out[0, len(p) :].tolist())
-    assert compile_pointwise_modules(model, backend="aot_eager")
+    wrapped = compile_pointwise_modules(model, backend="aot_eager")
+    if family in HYBRID_FAMILIES:
+        assert any(w.endswith("GatedDeltaNet.in_proj+prepare") for w in wrapped)
+        assert any(w.endswith("RMSNormGated") for w in wrapped)
     engine = make_engine(model, static_shapes=True, compile_pointwise=True, compile_backend="aot_eager")
     assert engine.runner.fused_pointwise
     policies = [ScriptedProposals(r, 1, 2, VOCAB) for p, r in zip(ps, refs)]

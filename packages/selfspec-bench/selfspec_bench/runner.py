@@ -60,6 +60,7 @@ def check_settings(modes: Sequence[str], s: BenchSettings) -> None:
 def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) -> dict[str, Any]:
     _sync(llm)
     compiled = compiled_graph_count()
+    llm.engine.host_phases.reset()
     start = time.perf_counter()
     (r,) = llm.generate([sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
     _sync(llm)
@@ -87,6 +88,7 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     """
     _sync(llm)
     compiled = compiled_graph_count()
+    llm.engine.host_phases.reset()
     seqs = [
         llm.submit(sample.messages, _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
         for sample in samples
@@ -138,6 +140,9 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         # The engine's measured step costs when the request ended (ms per fed token by shape, and the
         # host's part of a step): what the speculation policy priced its choices with.
         "step_ms": llm.engine.step_costs.summary(),
+        # Where the host's part of each step went since the run began (ms per step by phase; a batch
+        # run's records share their batch's figures).
+        "host_ms": llm.engine.host_phases.summary(),
         "_token_ids": list(r.token_ids),  # for first_divergence; not written
         "_token_shapes": list(r.output_shapes),
     }
