@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from selfspec.config import parse_spec
 from selfspec.engine.config import EngineConfig
+from selfspec.engine.heap import freeze_long_lived
 from selfspec.engine.llm_engine import Engine, StepEvent
 from selfspec.engine.logits_processing import TokenLogprob
 from selfspec.engine.policy import SequencePolicy
@@ -180,6 +181,7 @@ class LLM:
         self.model = model
         self.tokenizer = tokenizer
         self.engine = Engine(model, tokenizer, engine_config)
+        freeze_long_lived(self.engine.device)  # no full GC pass over the engine's objects mid-step
         # Past responses shared by requests that list "global" among their suffix sources.
         self.global_history = GlobalSuffixHistory(max_responses=256)
         self.draft_acceptance = AcceptanceHistory()  # SSR's cost gate learns how well drafts match here

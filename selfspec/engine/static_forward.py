@@ -37,6 +37,7 @@ import torch
 
 from selfspec.engine import moe
 from selfspec.engine.fusion import fused
+from selfspec.engine.heap import freeze_long_lived
 
 if TYPE_CHECKING:  # pragma: no cover
     from selfspec.engine.model_runner import Chunk, ModelRunner
@@ -319,6 +320,7 @@ class StaticForwardPool:
                 self._build(shape, snapshots=True)
             if progress is not None:
                 progress(1)
+        freeze_long_lived(self.runner.device)  # the captured graphs' objects: never collected mid-step
         return self.capture_seconds - before
 
     def stats(self) -> dict:
