@@ -35,7 +35,7 @@ from selfspec.spec.longest import LongestProposer, thinking_proposer
 from selfspec.spec.ngram import NgramProposer
 from selfspec.spec.proposal_length import LengthController
 from selfspec.spec.ssr import SSRPolicy
-from selfspec.spec.ssr_core import SSRConfig, SSRStage
+from selfspec.spec.ssr_core import PREFIX_SOURCE, SUFFIX_SOURCE, THINKING_SOURCE, SSRConfig, SSRStage
 from selfspec.spec.suffix import SuffixOptions
 from selfspec.thinking.policy import Phase, ThinkingPolicy
 
@@ -234,7 +234,7 @@ class AutoSSRPolicy(SSRPolicy):
         suffix = self.answer.suffix_proposer
         before = list(suffix.chosen_counts) if isinstance(suffix, LongestProposer) else None
         proposal = super().propose(engine, seq, k)
-        if proposal is not None and proposal.source == SSRStage.SUFFIX.value:
+        if proposal is not None and proposal.source == SUFFIX_SOURCE:
             # The answer's copy stage: the longer of prompt lookup (child 0) and the drafts' index.
             chose_draft = before is not None and suffix.chosen_counts[1] > before[1]
             self._answer_source = "draft_suffix" if chose_draft else "lookup"
@@ -268,9 +268,9 @@ class AutoSSRPolicy(SSRPolicy):
         proposal = outcome.proposal
         if proposal is not None and proposal.source is not None:
             source = proposal.source
-            if source == SSRStage.THINKING.value:
+            if source == THINKING_SOURCE:
                 self.lengths.record("thinking", "thinking", "lookup", outcome.proposed, outcome.accepted)
-            elif source == SSRStage.PREFIX.value:
+            elif source == PREFIX_SOURCE:
                 self.lengths.record("draft_prefix", "answer", "draft_prefix", outcome.proposed, outcome.accepted)
             else:
                 self.lengths.record("answer", "answer", self._answer_source, outcome.proposed, outcome.accepted)

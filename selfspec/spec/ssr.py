@@ -31,6 +31,7 @@ from selfspec.spec.draft_gate import AcceptanceHistory, copy_steps
 from selfspec.spec.draft_schedule import DraftSchedule
 from selfspec.spec.longest import thinking_proposer
 from selfspec.spec.ssr_core import (
+    THINKING_SOURCE,
     AnswerSpeculator,
     Draft,
     ReuseMode,
@@ -160,6 +161,8 @@ class SSRPolicy(ThinkingPolicy):
         self._end_variants: tuple[tuple[int, ...], ...] = ()
         if self.proposer is not None and self.thinking:
             self._end_variants = tuple(tuple(v) for v in variants)
+        # The tokens that complete some variant: a proposal holding none of them is never cut.
+        self._end_last = frozenset(v[-1] for v in self._end_variants if v)
         self.thinking_verify_steps = 0
 
     @property
@@ -180,17 +183,19 @@ class SSRPolicy(ThinkingPolicy):
         """CoT tokens speculated over prompt + output, cut before any token of the
         end-of-thinking marker (`ssr_core.cut_before_end`)."""
         proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
-        if proposal is None:
+        if proposal is None or not proposal.tokens:
             return None
-        tokens = cut_before_end(proposal.tokens, seq.token_ids, self._end_variants)
-        if not tokens:
-            return None
-        return Proposal(tokens, source=SSRStage.THINKING.value)  # deterministic: verified as a one-hot draft
+        tokens = proposal.tokens
+        if not self._end_last.isdisjoint(tokens):
+            tokens = cut_before_end(tokens, seq.token_ids, self._end_variants)
+            if not tokens:
+                return None
+        return Proposal(tokens, source=THINKING_SOURCE)  # deterministic: verified as a one-hot draft
 
     # ------------------------------------------------------------------ reacting
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
         source = outcome.proposal.source if outcome.proposal is not None else None
-        if source == SSRStage.THINKING.value:
+        if source == THINKING_SOURCE:
             self.thinking_verify_steps += 1
         elif self.phase is Phase.ANSWER:
             self.answer.on_verdict(source, outcome.accepted, outcome.proposed, list(outcome.committed))

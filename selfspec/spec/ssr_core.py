@@ -44,6 +44,13 @@ class SSRStage(str, Enum):
     PLAIN = "plain"
 
 
+# A proposal's source per stage, read once: an enum's `.value` is a property call, and these are
+# set and compared on every step.
+THINKING_SOURCE = SSRStage.THINKING.value
+PREFIX_SOURCE = SSRStage.PREFIX.value
+SUFFIX_SOURCE = SSRStage.SUFFIX.value
+
+
 class SSRConfig(MethodConfig):
     """How one request speculates on itself.
 
@@ -367,7 +374,7 @@ class AnswerSpeculator:
                 return None
             proposal = self.suffix_proposer.propose(context, room)
             if proposal.tokens:
-                return Proposal(proposal.tokens, source=SSRStage.SUFFIX.value)
+                return Proposal(proposal.tokens, source=SUFFIX_SOURCE)
         return None
 
     def _prefix_proposal(self, room: int) -> Proposal | None:
@@ -381,7 +388,7 @@ class AnswerSpeculator:
         probs = None
         if self.config.use_draft_probs and draft.probs:
             probs = self._draft_prob_rows(draft, start, len(tokens))
-        return Proposal(tokens, probs, source=SSRStage.PREFIX.value)
+        return Proposal(tokens, probs, source=PREFIX_SOURCE)
 
     def _draft_prob_rows(self, draft: Draft, start: int, n: int) -> torch.Tensor:
         """q for each proposed token: one-hot on the forced anchor, the child's own rows after."""
@@ -404,11 +411,11 @@ class AnswerSpeculator:
         self.answer_forwards += 1
         if source is not None:
             self.answer_verify_steps += 1
-        if source == SSRStage.PREFIX.value:
+        if source == PREFIX_SOURCE:
             self._advance_prefix(accepted, proposed, new_tokens)
         elif source is None and self.stage is SSRStage.PREFIX:
             self.follow(new_tokens)
-        elif source == SSRStage.SUFFIX.value:
+        elif source == SUFFIX_SOURCE:
             self.suffix_accepted += accepted
             self._back_off(accepted)
 
