@@ -24,6 +24,7 @@ from typing import Any
 from selfspec_bench import plots
 from selfspec_bench.ablation import ablation_section
 from selfspec_bench.degeneration import BLOCK_MIN_CHARS, COUNTING_MIN_TERMS, DISTINCT4_LOOP_THRESHOLD
+from selfspec_bench.host_split import host_lines, host_split
 from selfspec_bench.modes import SKIPPED
 from selfspec_bench.paper import (
     PAPER_ABLATION_SPEEDUP,
@@ -165,6 +166,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
     by_source = exactness_by_source(group)
     positions = position_check(group)
     sharing = sharing_check(group)
+    host = host_split(group)
 
     md = [f"## {group.title}", "", f"Settings: {settings_line(group.settings)}", ""]
     if skipped:
@@ -174,6 +176,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
         "",
         *timing_lines(timing),
         *position_tables(group, positions),
+        *host_lines(host),
         *sharing_lines(sharing),
         *divergence_lines(divergences),
         *exactness_by_source_lines(by_source),
@@ -198,6 +201,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
         "meta": meta,
         "plots": {"latency": latency_png.name},
         "timing_check": timing,
+        "host_split": host,
         "run_position_check": {m: {str(p): v for p, v in per.items()} for m, per in positions.items()},
         "gpu_sharing_check": sharing,
         "skipped": [r["sample_id"] for r in skipped],
