@@ -41,6 +41,17 @@ class NgramProposer:
         for table in self._latest.values():
             table.clear()
 
+    def fork(self) -> "NgramProposer":
+        """A proposer of the same settings that has indexed what this one has, for a context that
+        starts with that consumed prefix (an SSR draft forked from its parent's chain of thought).
+        Its proposals equal a fresh proposer's over the same context, since indexing is
+        append-only; copying the tables costs microseconds where re-indexing a 1,000-token chain of
+        thought costs about a millisecond of host time in the step that forks."""
+        twin = NgramProposer(self.max_ngram, self.min_ngram, self.num_tokens)
+        twin._latest = {n: table.copy() for n, table in self._latest.items()}
+        twin._cursor.consumed, twin._cursor._last_token = self._cursor.consumed, self._cursor._last_token
+        return twin
+
     def release(self) -> None:
         """Nothing to free: the tables die with the proposer."""
 

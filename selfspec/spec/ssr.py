@@ -58,7 +58,7 @@ class DraftPolicy(SequencePolicy):
     def __init__(self, owner: "SSRPolicy", draft: Draft, earlier: list[Draft]) -> None:
         self.owner = owner
         self.draft = draft
-        self.proposer = draft_proposer(owner.config, earlier)
+        self.proposer = draft_proposer(owner.config, earlier, context_proposer=owner.proposer)
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         if self.proposer is None:

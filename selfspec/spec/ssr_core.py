@@ -222,14 +222,20 @@ class DraftBackend(Protocol):
     def step_costs(self) -> "tuple[Any, int, int] | None": ...
 
 
-def draft_proposer(config: SSRConfig, earlier: list[Draft]):
+def draft_proposer(config: SSRConfig, earlier: list[Draft], context_proposer=None):
     """What a new draft speculates from: earlier drafts (they mostly agree, so a later draft
     costs fewer steps), or its own context with thinking speculation (the answer copies the
-    CoT). None: the draft decodes plainly."""
+    CoT). None: the draft decodes plainly. `context_proposer`, the parent's CoT proposer, is
+    forked where it can be (`NgramProposer.fork`): the draft's context starts with what it indexed."""
     usable = [d for d in earlier if d.tokens] if config.speculate_drafts else []
     proposer = None
     if config.speculate_thinking:
-        proposer = thinking_proposer(config.thinking_speculator, config.suffix.to_config(index_context=True))
+        fork = getattr(context_proposer, "fork", None)
+        proposer = (
+            fork()
+            if fork is not None
+            else thinking_proposer(config.thinking_speculator, config.suffix.to_config(index_context=True))
+        )
         if usable and not hasattr(proposer, "add_source"):  # prompt lookup alone indexes no extra sources
             proposer = LongestProposer([proposer, SuffixProposer(_UNCAPPED)])
     elif usable:

@@ -77,3 +77,34 @@ def test_rejects_bad_sizes() -> None:
         NgramProposer(max_ngram=1, min_ngram=2)
     with pytest.raises(ValueError):
         NgramProposer(min_ngram=0)
+
+
+def test_a_fork_proposes_what_a_fresh_proposer_over_the_same_context_would():
+    """An SSR draft's proposer is forked from its parent's (`NgramProposer.fork`): the draft's
+    context starts with what the parent indexed, then goes its own way; the fork must propose
+    exactly what a proposer that indexed the draft's whole context from scratch proposes, and the
+    parent must not see the draft's tokens."""
+    rng = random.Random(3)
+    parent_context = [rng.randrange(12) for _ in range(300)]
+    parent = NgramProposer()
+    parent.propose(parent_context[:250], 10)  # the parent indexed a prefix of what it has now
+    draft = parent.fork()
+    draft_context = parent_context + [99, 98]  # the end-of-thinking marker, then the draft's answer
+    fresh = NgramProposer()
+    for _ in range(60):
+        draft_context.append(rng.randrange(12))
+        assert draft.propose(draft_context, 10).tokens == fresh.propose(draft_context, 10).tokens
+    parent_context.extend(rng.randrange(12) for _ in range(40))
+    assert parent.propose(parent_context, 10).tokens == NgramProposer().propose(parent_context, 10).tokens
+
+
+def test_an_ssr_draft_forks_its_parents_cot_proposer():
+    from selfspec.spec.ssr_core import SSRConfig, draft_proposer
+
+    config = SSRConfig(speculate_thinking=True, thinking_speculator="ngram")
+    parent = NgramProposer()
+    parent.propose(list(range(40)) * 3, 10)
+    forked = draft_proposer(config, [], context_proposer=parent)
+    assert isinstance(forked, NgramProposer) and forked is not parent
+    assert forked._latest == parent._latest and forked._latest[3] is not parent._latest[3]
+    assert draft_proposer(config, []) is not None  # without a parent proposer: a fresh one
