@@ -164,6 +164,16 @@ class SSRPolicy(ThinkingPolicy):
         # The tokens that complete some variant: a proposal holding none of them is never cut.
         self._end_last = frozenset(v[-1] for v in self._end_variants if v)
         self.thinking_verify_steps = 0
+        self._close_ids = list(fmt.close_ids) if fmt is not None else []  # a fork's anchor (copied per draft)
+        self._drafts_backend: _EngineDrafts | None = None
+
+    def _backend(self, engine: "Engine", seq: "Sequence") -> _EngineDrafts:
+        """The drafts' backend of this request (its engine and sequence never change): built once,
+        not on every CoT step a draft runs."""
+        backend = self._drafts_backend
+        if backend is None or backend.engine is not engine or backend.seq is not seq:
+            backend = self._drafts_backend = _EngineDrafts(self, engine, seq)
+        return backend
 
     @property
     def drafts(self) -> list[Draft]:
@@ -204,11 +214,11 @@ class SSRPolicy(ThinkingPolicy):
             return
         cot_tokens = self.metrics.cot_tokens
         if self.schedule.wants_step(cot_tokens, _draft_running):
-            self.schedule.on_cot(cot_tokens, list(self.fmt.close_ids), _EngineDrafts(self, engine, seq))
+            self.schedule.on_cot(cot_tokens, self._close_ids, self._backend(engine, seq))
 
     def on_thinking_closed(self, engine: "Engine", seq: "Sequence") -> None:
         """The parent's CoT is complete: stop drafting, set up verification."""
-        usable = self.schedule.close(_EngineDrafts(self, engine, seq))
+        usable = self.schedule.close(self._backend(engine, seq))
         self.answer.start(seq.token_ids, usable)
 
     def on_draft_finished(self, draft: Draft) -> None:
@@ -244,7 +254,7 @@ class SSRPolicy(ThinkingPolicy):
                 draft_forwards=sum(d.seq.stats.forwards for d in self.drafts),
             )
         if engine is not None:
-            backend = _EngineDrafts(self, engine, seq)
+            backend = self._backend(engine, seq)
             for draft in self.drafts:
                 if backend.draft_running(draft):
                     engine.cancel(draft.seq, "parent finished")
