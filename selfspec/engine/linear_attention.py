@@ -237,8 +237,10 @@ def prepare_chunk(
     weight = conv_weight.squeeze(1)
     conv_out = F.conv1d(window.to(weight.dtype), weight.unsqueeze(1), conv_bias, groups=weight.shape[0])
     conv_out = _activation(activation)(conv_out[:, :, -seq_len:]).to(mixed.dtype).transpose(1, 2)
+    # Contiguous here, where compiled they come out of the fused kernel: fla's kernels would copy a
+    # strided view of the conv output (three copy kernels per layer and step).
     query, key, value = (
-        part.reshape(batch, seq_len, -1, dim)
+        part.reshape(batch, seq_len, -1, dim).contiguous()
         for part, dim in zip(torch.split(conv_out, list(split), dim=-1), head_dims)
     )
     beta = b.sigmoid()
