@@ -8,9 +8,11 @@ spent 0.48 s between two forwards where every other request spent under 0.07 s i
 lives as long as the engine (modules, compiled and captured graphs, imported code) never
 becomes garbage, so it is moved into the permanent generation no collection visits
 (`gc.freeze()`, as vLLM's engine core does after start-up); what requests allocate is
-collected as before. Only for engines on a GPU, where a step is milliseconds and a stall is
-a user waiting; a CPU process (tests, the demo) keeps the default, since frozen objects are
-never freed. `SELFSPEC_GC_FREEZE=0` turns it off.
+collected as before. Frozen objects are not freed while frozen: each freeze first thaws what
+an earlier one froze and collects, so an engine dropped since (a script that builds several in
+turn) is freed at the next engine's construction or warm-up. Only for engines on a GPU, where
+a step is milliseconds and a stall is a user waiting; a CPU process (tests, the demo) keeps the
+default collector. `SELFSPEC_GC_FREEZE=0` turns it off.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ ENV = "SELFSPEC_GC_FREEZE"
 
 
 def freeze_long_lived(device: torch.device) -> bool:
-    """After building or warming up an engine on `device`: collect what is garbage now, then
-    freeze everything else. Returns whether it froze (a GPU device, not switched off)."""
+    """After building or warming up an engine on `device`: thaw what an earlier call froze,
+    collect what is garbage now, then freeze everything else. Returns whether it froze (a GPU
+    device, not switched off)."""
     if device.type != "cuda" or os.environ.get(ENV, "1").strip() == "0":
         return False
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     return True

@@ -40,3 +40,21 @@ def test_a_gpu_engine_freezes_what_exists_after_collecting_the_garbage(unfrozen,
     gc.unfreeze()
     monkeypatch.setenv(ENV, "0")
     assert not freeze_long_lived(torch.device("cuda")) and gc.get_freeze_count() == 0
+
+
+def test_what_an_earlier_freeze_kept_is_freed_at_the_next_once_dropped(unfrozen):
+    """A script that builds one engine, drops it and builds another: the first engine's cycles
+    were frozen with it, and the next freeze frees them."""
+
+    class Engine:
+        pass
+
+    first = Engine()
+    first.me = first
+    gone = weakref.ref(first)
+    assert freeze_long_lived(torch.device("cuda"))
+    del first
+    gc.collect()
+    assert gone() is not None  # frozen: no collection visits it
+    assert freeze_long_lived(torch.device("cuda"))
+    assert gone() is None
