@@ -264,3 +264,25 @@ def test_an_unknown_shape_exits_2_listing_the_shapes(tmp_path: Path):
     assert result.exit_code == 2
     text = " ".join(result.output.split())
     assert "gpt-9" in text and "qwen3-8b" in text and "smollm2" in text
+
+
+def test_a_paced_replay_keeps_the_recorded_host_gaps_out_of_the_forward_time(tiny):
+    """`pace`: the host stays busy between forwards for the recorded mean gap, the same forwards
+    run, and the timed forward time does not include the gaps."""
+    import time
+
+    model, tok = tiny
+    llm = LLM.from_model(model, tok, engine_config=EngineConfig(num_slots=2, max_len=128))
+    recorder = ScheduleRecorder().attach(llm.engine.runner)
+    llm.generate(["count"], SamplingParams(max_tokens=12, ignore_eos=True))
+    schedule = recorder.finish()
+    n = len(schedule.forwards)
+    paced_schedule = Schedule(schedule.events, schedule.num_slots, schedule.max_len, host_s=0.02 * n)
+    runner = replay_runner(model, [schedule])
+    plain = replay(runner, schedule)
+    began = time.perf_counter()
+    paced = replay(runner, paced_schedule, pace=True)
+    wall = time.perf_counter() - began
+    assert (paced.forwards, paced.tokens) == (plain.forwards, plain.tokens) == (n, schedule.fed_tokens())
+    assert wall >= 0.02 * n  # every gap was kept
+    assert paced.gpu_s < wall - 0.02 * n * 0.9  # and none of it counted as forward time

@@ -119,12 +119,22 @@ def warm_up(runner: ModelRunner, schedules: list[Schedule]) -> float:
 
 
 def replay(
-    runner: ModelRunner, schedule: Schedule, *, token_ids: bool = False, limit: int | None = None, clock=None
+    runner: ModelRunner,
+    schedule: Schedule,
+    *,
+    token_ids: bool = False,
+    limit: int | None = None,
+    clock=None,
+    pace: bool = False,
 ) -> Timed:
     """Run `schedule` through `runner`; time each forward.
 
     `token_ids`: feed the recorded ids (a schedule recorded with `keep_tokens`), so the cache ends
     as the recorded run left it; otherwise zeros. `limit`: stop after this many forwards (warm-up).
+    `pace`: keep the host busy between forwards for the recorded run's mean host time per
+    forward (untimed), so the device sees the gaps it saw when the run was measured instead of
+    forwards back to back: whether that changes a forward's time is what comparing a paced and
+    an unpaced replay of the same records shows.
     """
     clock = clock or time.perf_counter
     if token_ids and any(f.token_ids is None for f in schedule.forwards):
@@ -132,6 +142,7 @@ def replay(
     zeros: dict[int, list[int]] = {}
     gpu = 0.0
     forwards = tokens = 0
+    gap = schedule.host_s / max(1, len(schedule.forwards)) if pace else 0.0
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)
     for event in schedule.events:
@@ -148,6 +159,10 @@ def replay(
                 for i, r in enumerate(event.rows)
             ]
             want = [r.want for r in event.rows]
+            if gap:
+                until = time.perf_counter() + gap
+                while time.perf_counter() < until:  # busy, as the engine's Python is between forwards
+                    pass
             started = clock()
             runner.run(chunks, want)  # ends with the greedy tokens' device-to-host copy: synchronised
             gpu += clock() - started
@@ -207,10 +222,12 @@ def replay_files(
     progress: bool = True,
     cost_model: Path | None = None,
     samples: int | None = None,
+    pace: bool = False,
 ) -> list[dict[str, Any]]:
     """Replay every record of `inputs` at `shape` and write the projected records to `out`
     (replaced). Returns them. `samples`: only each file's first that many samples. With `cost_model` (a `selfspec bench step-grid` fit of this shape),
-    each record also gets the model's prediction of its forward time (`replay.model_gpu_s`)."""
+    each record also gets the model's prediction of its forward time (`replay.model_gpu_s`). `pace`:
+    `replay`'s pacing."""
     from tqdm import tqdm
 
     from selfspec.run_info import device_name, library_versions
@@ -247,7 +264,8 @@ def replay_files(
             continue
         if warm_forwards:  # this sample's prefill shape and first steps, untimed (the bench's short runs)
             replay(runner, schedule, limit=warm_forwards)
-        rec_out = projected(rec, schedule, replay(runner, schedule), host_scale, about)
+        rec_out = projected(rec, schedule, replay(runner, schedule, pace=pace), host_scale, about)
+        rec_out["replay"]["paced"] = pace
         if predictor is not None:
             from selfspec_bench.step_grid import schedule_seconds
 

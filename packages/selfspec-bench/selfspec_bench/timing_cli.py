@@ -41,6 +41,11 @@ def replay(
         min=1,
         help="Only each file's first N samples (every mode of them): a large model's replay costs its runs' GPU time.",
     ),
+    pace: bool = typer.Option(
+        False,
+        "--pace/--no-pace",
+        help="Keep the host busy between forwards for the recorded mean host time per forward (untimed), as in the measured run.",
+    ),
 ) -> None:
     """Replay each record's forward schedule on a random-weight model of --shape; write the records
     with the projected latency (`selfspec bench report OUT` compares the modes at that size)."""
@@ -61,6 +66,7 @@ def replay(
             warm_forwards=warm_forwards,
             cost_model=Path(cost_model) if cost_model else None,
             samples=samples,
+            pace=pace,
         )
     except ReplayError as exc:
         console.print(f"[red]error:[/] {exc}")
