@@ -11,10 +11,13 @@ Phases of `Engine.step`:
 - `commit`: from the forward's end to the policies: verification, commits, settles, siblings;
 - `policies`: the policies' `on_step` (bookkeeping, drafts forked or cancelled, gate verdicts);
 - `outside`: from the previous step's end to this one's start: the caller's loop (streaming,
-  results, admissions), counted only where the gap is not idling (longer than a forward).
+  results, admissions), counted only where the gap is not idling (the same rule as the step costs'
+  host time: at most `HOST_GAP_FACTOR` times the forward).
 """
 
 from __future__ import annotations
+
+from selfspec.engine.step_costs import HOST_GAP_FACTOR
 
 PHASES = ("propose", "commit", "policies", "outside")
 
@@ -36,7 +39,7 @@ class HostPhases:
         seconds["propose"] += forward_start - began
         seconds["commit"] += committed - forward_end
         seconds["policies"] += ended - committed
-        if self._last_end is not None and began - self._last_end <= forward_end - forward_start:
+        if self._last_end is not None and began - self._last_end <= HOST_GAP_FACTOR * (forward_end - forward_start):
             seconds["outside"] += began - self._last_end
         self._last_end = ended
         self.steps += 1

@@ -103,6 +103,12 @@ class ContextCursor:
             return False
         return self.consumed == 0 or context[self.consumed - 1] == self._last_token
 
+    def copy(self) -> "ContextCursor":
+        """A cursor at the same place (a forked proposer's)."""
+        twin = ContextCursor()
+        twin.consumed, twin._last_token = self.consumed, self._last_token
+        return twin
+
     def advance(self, context: Sequence[int]) -> Sequence[int]:
         """Mark all of `context` consumed and return the newly appended tokens.
 

@@ -49,7 +49,7 @@ class NgramProposer:
         thought costs about a millisecond of host time in the step that forks."""
         twin = NgramProposer(self.max_ngram, self.min_ngram, self.num_tokens)
         twin._latest = {n: table.copy() for n, table in self._latest.items()}
-        twin._cursor.consumed, twin._cursor._last_token = self._cursor.consumed, self._cursor._last_token
+        twin._cursor = self._cursor.copy()
         return twin
 
     def release(self) -> None:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from selfspec.engine.host_phases import PHASES
 from selfspec_bench.records import Group, mode_order
 from selfspec_bench.tables import markdown
-
-PHASES = ("propose", "commit", "policies", "outside")
 
 
 def host_split(group: Group) -> dict[str, dict[str, Any]]:
@@ -28,7 +27,15 @@ def host_split(group: Group) -> dict[str, dict[str, Any]]:
         if not isinstance(schedule, dict) or not schedule.get("forwards"):
             continue
         s = sums.setdefault(
-            r["mode"], {"forwards": 0, "gpu_s": 0.0, "host_s": 0.0, "phased": 0, "phases": dict.fromkeys(PHASES, 0.0)}
+            r["mode"],
+            {
+                "forwards": 0,
+                "gpu_s": 0.0,
+                "host_s": 0.0,
+                "phased": 0,
+                "phases": dict.fromkeys(PHASES, 0.0),
+                "stalls": [],
+            },
         )
         n = int(schedule["forwards"])
         s["forwards"] += n
@@ -39,12 +46,11 @@ def host_split(group: Group) -> dict[str, dict[str, Any]]:
             s["phased"] += n
             for p in PHASES:
                 s["phases"][p] += phases[p] * n
-        stalls = [ms for _, ms in schedule.get("stalls", [])]
-        s.setdefault("stalls", []).extend(stalls)
+        s["stalls"].extend(ms for _, ms in schedule.get("stalls", []))
     out: dict[str, dict[str, Any]] = {}
     for mode in mode_order(sums):
         s = sums[mode]
-        n, stalls = s["forwards"], s.get("stalls", [])
+        n, stalls = s["forwards"], s["stalls"]
         out[mode] = {
             "forwards": n,
             "gpu_ms_per_forward": 1000 * s["gpu_s"] / n,
