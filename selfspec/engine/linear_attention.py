@@ -9,9 +9,11 @@ This forward uses the module's own parameters (checkpoint names, stable across v
 the runner's `SlotStateCache`, and is installed per instance behind a dispatch that is active
 only inside the runner's forwards: `generate` on the same model runs transformers' code.
 
-The delta rule runs flash-linear-attention's Triton kernels where `fla_kernels` says they can
-(CUDA, fla installed, `SELFSPEC_FLA` not 0): the fused recurrent kernel for decode, verify
-chunks and short pieces, the chunked kernel for long prefill pieces. Verify chunks then keep
+The delta rule runs Triton kernels where `fla_kernels` says they can (CUDA, fla installed,
+`SELFSPEC_FLA` not 0): for decode, verify chunks and short pieces the engine's own
+`slot_delta_rule`, which reads and writes each row's state in its slot (fla's fused recurrent
+kernel over gathered states with `SELFSPEC_SLOT_DELTA_RULE=0`), flash-linear-attention's
+chunked kernel for long prefill pieces. Verify chunks then keep
 their inputs and initial state, and `settle` re-runs the recurrence over the accepted prefix
 (`SlotStateCache` rollback `"recompute"`). Elsewhere numerics follow transformers' torch path:
 the conv over `[state | tokens]` as in `causal_conv1d_update`, the token-by-token recurrence
@@ -36,7 +38,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from selfspec.engine import fla_kernels
+from selfspec.engine import fla_kernels, slot_delta_rule
 from selfspec.engine.fusion import fused_active, share_concatenated
 from selfspec.engine.state_cache import LinearLayerSpec, SlotStateCache
 
@@ -278,7 +280,15 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
     layer = int(module.layer_idx)
     real = routing.real
     mixed, z, b, a = _projections(module, hidden_states)
-    conv_state, rec_state = cache.read(layer)
+    keep_states = routing.snapshots and cache.rollback == "snapshots"
+    # Decode, verify chunks and short pieces on a GPU: the rule reads and writes the slots' states
+    # in place (`slot_delta_rule`), with no gather of the states before nor scatter after.
+    in_slots = (
+        not keep_states
+        and (routing.snapshots or seq_len < fla_kernels.CHUNK_MIN_TOKENS)
+        and slot_delta_rule.applies(hidden_states.device, hidden_states.dtype)
+    )
+    conv_state, rec_state = (cache.read_conv(layer), None) if in_slots else cache.read(layer)
     prepare = getattr(module, "_selfspec_gdn_prepare", None) if fused_active() else None
     window, conv_out, query, key, value, g, beta = (prepare or prepare_chunk)(
         mixed,
@@ -294,9 +304,13 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
         (module.head_k_dim, module.head_k_dim, module.head_v_dim),
         module.activation,
     )
-    keep_states = routing.snapshots and cache.rollback == "snapshots"
     states = None
-    if keep_states:
+    if in_slots:
+        core, rec_state = slot_delta_rule.run(
+            query, key, value, g, beta, cache.recurrent[layer], routing.slots, routing.fresh, routing.snapshots
+        )
+        final = None  # written into the slots by the kernel
+    elif keep_states:
         core, final, states = recurrent_rule(query, key, value, g, beta, rec_state, True)
     elif fla_kernels.applies(query.device, query.dtype):
         if routing.snapshots or seq_len < fla_kernels.CHUNK_MIN_TOKENS:

@@ -57,7 +57,7 @@ from typing import Literal
 
 import torch
 
-from selfspec.engine import fla_kernels
+from selfspec.engine import fla_kernels, slot_delta_rule
 
 Rollback = Literal["snapshots", "recompute"]
 
@@ -260,12 +260,18 @@ class SlotStateCache:
         rec = self.recurrent[layer].index_select(0, r.slots)
         return conv.masked_fill(fresh, 0), rec.masked_fill(fresh.unsqueeze(-1), 0)
 
+    def read_conv(self, layer: int) -> torch.Tensor:
+        """The rows' conv state [B, C, K] alone (the recurrent state is read in its slots by
+        `slot_delta_rule`)."""
+        r = self.routing
+        return self.conv[layer].index_select(0, r.slots).masked_fill(r.fresh.view(-1, 1, 1), 0)
+
     def write(
         self,
         layer: int,
         window: torch.Tensor,
         states: list[torch.Tensor] | None,
-        final: torch.Tensor,
+        final: torch.Tensor | None,
         inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Store the rows' new state; keep what `settle` may need (by reference in eager
@@ -275,7 +281,8 @@ class SlotStateCache:
         r = self.routing
         kernel = self.specs[layer].kernel
         self.conv[layer].index_copy_(0, r.slots, window[:, :, -kernel:].to(self.conv[layer].dtype))
-        self.recurrent[layer].index_copy_(0, r.slots, final.to(torch.float32))
+        if final is not None:  # None: the kernel wrote the rows' states in their slots
+            self.recurrent[layer].index_copy_(0, r.slots, final.to(torch.float32))
         if not r.snapshots:
             return
         if r.buffered:
@@ -363,7 +370,9 @@ class SlotStateCache:
         key = key.reshape(1, kept, -1, spec.k_dim)
         value = value.reshape(1, kept, spec.heads, spec.v_dim)
         g, beta, initial = g.unsqueeze(0), beta.unsqueeze(0), initial.unsqueeze(0)
-        if fla_kernels.applies(qkv.device, qkv.dtype):
+        if slot_delta_rule.applies(qkv.device, qkv.dtype):  # the kernel the verify forward ran
+            _, final = slot_delta_rule.recurrent(query, key, value, g, beta, initial)
+        elif fla_kernels.applies(qkv.device, qkv.dtype):
             _, final = fla_kernels.recurrent(query, key, value, g, beta, initial)
         else:
             from selfspec.engine.linear_attention import recurrent_rule  # the layer's module imports this one

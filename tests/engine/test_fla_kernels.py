@@ -203,12 +203,14 @@ def test_fla_fused_recurrent_kernel_matches_recurrent_rule_interpreted():
 
 @pytest.mark.skipif(not HAS_FLA, reason="fla-core not installed (pip install selfspec[fla])")
 def test_engine_on_the_fla_path_matches_generate_interpreted():
-    """The engine's forward dispatching to fla (decode, prefill pieces and verify chunks through
-    the fused recurrent kernel, interpreted on CPU), rollback by recompute with rejections:
-    greedy tokens equal transformers' `generate` in fp32."""
+    """The engine's forward dispatching to fla with the slot kernel switched off (decode, prefill
+    pieces and verify chunks through fla's fused recurrent kernel over gathered states,
+    interpreted on CPU), rollback by recompute with rejections: greedy tokens equal
+    transformers' `generate` in fp32."""
     result = _interpreted(
         """
-        import json, torch
+        import json, os, torch
+        os.environ["SELFSPEC_SLOT_DELTA_RULE"] = "0"
         from selfspec.engine import fla_kernels
         kernel = fla_kernels.load()[0]
         calls = []

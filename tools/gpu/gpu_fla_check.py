@@ -19,6 +19,9 @@ numbers in the JSON summary (stdout and `--out`; exit status 1 on any FAIL):
    fla path and torch path (`SELFSPEC_FLA=0` equivalent), each >= 99.5% like `gpu_check.py`.
 3. End to end, fp32: the engine's logits on the fla path (chunks of 1 and 8) against the eager
    model's over 96 positions: max abs error.
+4. The engine's own slot kernel (`slot_delta_rule`, the bf16 path's recurrence) alone at the
+   shape's head counts and dims, fp32: against `recurrent_rule` over rows in scattered slots (one
+   fresh), 1, 8 and 32 tokens, the kept initial states, and the slots no row names untouched.
 
 The eager references come from a second process of this script (`--reference-out`) in which `fla`
 cannot be imported: with fla installed, transformers binds its Gated DeltaNet functions to fla's
@@ -56,7 +59,7 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 
 from gpu_check import TeacherForcing, TopOneRecorder, run_all  # noqa: E402
 
-from selfspec.engine import fla_kernels, linear_attention  # noqa: E402
+from selfspec.engine import fla_kernels, linear_attention, slot_delta_rule  # noqa: E402
 from selfspec.engine.config import EngineConfig  # noqa: E402
 from selfspec.engine.llm_engine import Engine  # noqa: E402
 from selfspec.engine.sampling import SamplingParams  # noqa: E402
@@ -169,6 +172,49 @@ def check_layers(model, dtype: torch.dtype, label: str, tol: float) -> None:
     steps["two_verifies_settle_slot1_at_20"] = pair.settle(1, 174 + 20)
     worst = max(v for s in steps.values() for v in s.values())
     report(f"layer-{label}", worst <= tol, worst=worst, tolerance=tol, steps=steps)
+
+
+def check_slot_kernel(model) -> None:
+    """`slot_delta_rule.run` against `recurrent_rule` in fp32 at the model's layer dims (no dots in
+    the kernel: no TF32 rounding, so fp32 agreement is the kernel's own)."""
+    spec = linear_attention.layer_spec(next(m for m in model.modules() if linear_attention.is_gated_deltanet(m)))
+    heads, k_dim, v_dim = spec.heads, spec.k_dim, spec.v_dim
+    value_dim = heads * v_dim
+    k_heads = (spec.conv_dim - value_dim) // 2 // k_dim
+    g = torch.Generator(device=DEVICE).manual_seed(7)
+    slots = torch.tensor([5, 0, 3], device=DEVICE)
+    fresh = torch.tensor([False, True, False], device=DEVICE)
+    detail: dict[str, float | bool] = {}
+    for tokens in (1, 8, 32):
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g, device=DEVICE)
+
+        q, k, v = rand(3, tokens, k_heads, k_dim), rand(3, tokens, k_heads, k_dim), rand(3, tokens, heads, v_dim)
+        decay, beta = -rand(3, tokens, heads).abs() * 0.1, rand(3, tokens, heads).sigmoid()
+        states = rand(6, heads, k_dim, v_dim)
+        before = states.clone()
+        h0 = before[slots].masked_fill(fresh.view(-1, 1, 1, 1), 0)
+        out, initial = slot_delta_rule.run(q, k, v, decay, beta, states, slots, fresh, keep_initial=True)
+        ref_out, ref_final, _ = linear_attention.recurrent_rule(q, k, v, decay, beta, h0, False)
+        _sync()
+        detail[f"t{tokens}_out"] = _err(out, ref_out)
+        detail[f"t{tokens}_state"] = _err(states[slots], ref_final)
+        detail[f"t{tokens}_initial"] = _err(initial, h0)
+        detail[f"t{tokens}_others_untouched"] = bool(torch.equal(states[[1, 2, 4]], before[[1, 2, 4]]))
+    worst = max(v for key, v in detail.items() if not key.endswith("untouched"))
+    untouched = all(v for key, v in detail.items() if key.endswith("untouched"))
+    report(
+        "slot-kernel-fp32",
+        worst <= 1e-4 and untouched,
+        worst=worst,
+        tolerance=1e-4,
+        heads=heads,
+        k_heads=k_heads,
+        k_dim=k_dim,
+        v_dim=v_dim,
+        **detail,
+    )
 
 
 def eager_top1(model, tokens: list[int]) -> tuple[list[int], torch.Tensor]:
@@ -311,6 +357,8 @@ def check_end_to_end_fp32(shape: str, refs: dict, positions: int = FP32_POSITION
     tokens = _tokens(model, positions, seed=1)
     reference = refs["fp32_logits"][:positions].to(DEVICE)
     check_layers(model, torch.float32, f"{shape}-fp32", tol=2e-3)
+    if DEVICE == "cuda":  # a Triton kernel: not on the dry run's CPU tensors
+        check_slot_kernel(model)
     engine = Engine(model, None, EngineConfig(num_slots=2, max_len=positions + 64), eos_token_ids=[])
     for chunk in (1, 8):
         recorder = LogitRecorder(tokens[1:] + [0], chunk)
