@@ -203,7 +203,7 @@ def test_fla_fused_recurrent_kernel_matches_recurrent_rule_interpreted():
 
 @pytest.mark.skipif(not HAS_FLA, reason="fla-core not installed (pip install selfspec[fla])")
 def test_engine_on_the_fla_path_matches_generate_interpreted():
-    """The engine's forward dispatching to fla with the slot kernel switched off (decode, prefill
+    """The engine's forward dispatching to fla with the slot kernel off (decode, prefill
     pieces and verify chunks through fla's fused recurrent kernel over gathered states,
     interpreted on CPU), rollback by recompute with rejections: greedy tokens equal
     transformers' `generate` in fp32."""

@@ -3,8 +3,8 @@
 The kernel runs here under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors, in a
 subprocess so no other Triton kernel of the test process is interpreted): rows mapped to
 scattered slots, a fresh row whose slot holds NaN, grouped heads, padding columns, a value dim
-that is no multiple of the block; then inside the engine, where every recurrent use of the rule
-(decode, verify chunks, the settles' recompute) goes through it, greedy with rejected
+that is no multiple of the block; then inside the engine with it switched on, where every
+recurrent use of the rule (decode, verify chunks, the settles' recompute) goes through it, greedy with rejected
 speculation equal to `generate`. On a GPU `tools/gpu/gpu_fla_check.py` checks it layer by layer.
 """
 
@@ -93,7 +93,8 @@ def test_engine_with_the_rule_in_slots_matches_generate_interpreted(static):
     kernel): greedy tokens equal `generate`."""
     result = _interpreted(
         f"""
-        import json, torch
+        import json, os, torch
+        os.environ["SELFSPEC_SLOT_DELTA_RULE"] = "1"
         from selfspec.engine import fla_kernels, slot_delta_rule
         widths = []
         run = slot_delta_rule.run
@@ -126,6 +127,9 @@ def test_the_kernel_applies_only_where_fla_would_and_its_switch_is_on(monkeypatc
     from selfspec.engine import fla_kernels
 
     monkeypatch.setattr(fla_kernels, "applies", lambda device, dtype=None: device.type == "cuda")
+    monkeypatch.delenv(slot_delta_rule.ENV_SWITCH, raising=False)
+    assert not slot_delta_rule.applies(torch.device("cuda"), torch.bfloat16), "off until checked on a GPU"
+    monkeypatch.setenv(slot_delta_rule.ENV_SWITCH, "1")
     assert not slot_delta_rule.applies(torch.device("cpu"), torch.bfloat16)
     if slot_delta_rule.triton is not None:
         assert slot_delta_rule.applies(torch.device("cuda"), torch.bfloat16)

@@ -19,7 +19,7 @@ numbers in the JSON summary (stdout and `--out`; exit status 1 on any FAIL):
    fla path and torch path (`SELFSPEC_FLA=0` equivalent), each >= 99.5% like `gpu_check.py`.
 3. End to end, fp32: the engine's logits on the fla path (chunks of 1 and 8) against the eager
    model's over 96 positions: max abs error.
-4. The engine's own slot kernel (`slot_delta_rule`, the bf16 path's recurrence) alone at the
+4. The engine's own slot kernel (`slot_delta_rule`, run with SELFSPEC_SLOT_DELTA_RULE=1) alone at the
    shape's head counts and dims, fp32: against `recurrent_rule` over rows in scattered slots (one
    fresh), 1, 8 and 32 tokens, the kept initial states, and the slots no row names untouched.
 
