@@ -165,6 +165,7 @@ def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path)
             *LIMITS,
             "--concurrency",
             "2",
+            "--record-schedule",
             "--out",
             str(out),
         ],
@@ -172,6 +173,12 @@ def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path)
     assert result.exit_code == 0, result.output + repr(result.exception)
     batched = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     assert len(batched) == 2 * len(modes) and all(r["settings"]["concurrency"] == 2 for r in batched)
+    # One schedule per batch, on one of its records: both requests' rows in its forwards.
+    for mode in modes:
+        carriers = [r for r in batched if r["mode"] == mode and "batch_schedule" in r]
+        assert len(carriers) == 1 and all("schedule" not in r for r in batched if r["mode"] == mode)
+        schedule = carriers[0]["batch_schedule"]
+        assert schedule["forwards"] > 0 and schedule["gpu_s"] > 0
     assert all(r["exact_match"] is True for r in batched)
     single = {(r["sample_id"], r["mode"]): r["output_hash"] for r in records}
     for r in batched:

@@ -47,3 +47,14 @@ def test_modes_are_summed_per_forward_with_phases_weighted_by_forwards():
 def test_a_run_without_schedules_gets_no_table():
     group = Group("m", "b", {}, [{"mode": "baseline", "sample_id": "a"}])
     assert host_split(group) == {} and host_lines({}) == []
+
+
+def test_a_batched_run_counts_its_one_schedule_once():
+    """Concurrency runs keep the batch's schedule on its first record (`batch_schedule`)."""
+    carrier = {"mode": "auto", "sample_id": "a", "batch_schedule": {"forwards": 50, "gpu_s": 0.1, "host_s": 0.01}}
+    carrier["host_ms"] = {"propose": 0.1, "commit": 0.2, "policies": 0.05, "outside": 0.05}
+    others = [{"mode": "auto", "sample_id": s, "host_ms": carrier["host_ms"]} for s in ("b", "c")]
+    split = host_split(Group("m", "b", {}, [carrier, *others]))
+    assert split["auto"]["forwards"] == 50
+    assert split["auto"]["gpu_ms_per_forward"] == pytest.approx(2.0)
+    assert split["auto"]["phases_ms"]["commit"] == pytest.approx(0.2)

@@ -149,7 +149,7 @@ def bench(
     record_schedule: bool = typer.Option(
         True,
         "--record-schedule/--no-record-schedule",
-        help="Keep each run's forward schedule in its record (`schedule`, a few hundred bytes to a few KB) for `selfspec bench replay` at another model size; runs of one request at a time only.",
+        help="Keep each run's forward schedule in its record (`schedule`, a few hundred bytes to a few KB) for `selfspec bench replay` at another model size; a batched run (`--concurrency`) keeps its batch's one schedule on the batch's first record (`batch_schedule`, for the report's device and host table; not replayed).",
     ),
 ) -> None:
     """Run the modes on the benchmark (interleaved per sample) and append JSONL records."""

@@ -5,7 +5,9 @@ step (on an H100 a 135M model's forward is ~1.4 ms and the engine's Python aroun
 ms), and a latency table cannot tell the two apart. Records with a forward schedule carry the
 forward and host seconds of their request; records of this engine also carry the host's part
 of each step by phase (`host_ms`: propose, commit, policies, outside; `engine.host_phases`) and
-each gap between forwards longer than 5 ms (`schedule.stalls`). This sums them per mode.
+each gap between forwards longer than 5 ms (`schedule.stalls`). This sums them per mode. A batched
+run's one schedule (`batch_schedule`, on the batch's first record, with that batch's phases) counts
+like a request's: per forward, the device time and the host time of the whole batch's steps.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def host_split(group: Group) -> dict[str, dict[str, Any]]:
     longest in ms). Empty when no record has a schedule."""
     sums: dict[str, dict[str, Any]] = {}
     for r in group.records:
-        schedule = r.get("schedule")
+        schedule = r.get("schedule") or r.get("batch_schedule")
         if not isinstance(schedule, dict) or not schedule.get("forwards"):
             continue
         s = sums.setdefault(

@@ -77,7 +77,8 @@ def load_records(inputs: Iterable[Path], samples: int | None = None) -> list[tup
             if not isinstance(rec.get("schedule"), dict):
                 raise ReplayError(
                     f"{where} has no forward schedule: record the run with `selfspec bench --record-schedule` "
-                    "(one request at a time; batched runs and external modes keep none)"
+                    "(one request at a time; a batched run keeps one `batch_schedule` for the whole batch, "
+                    "which projects no single request's latency, and external modes keep none)"
                 )
             if not isinstance(rec.get("latency_s"), (int, float)):
                 raise ReplayError(f"{where} has no latency_s")

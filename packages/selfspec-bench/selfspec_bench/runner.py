@@ -277,7 +277,8 @@ def run_bench(
     of the answers before and after it. Never asked between a warm-up and the timed runs it warms:
     the nvidia-smi call would leave the GPU idle just where the warm-up keeps it busy.
     `record_schedule`: each timed run of one request keeps its forward schedule (`schedule`, for
-    `selfspec bench replay`); batched runs share forwards and keep none."""
+    `selfspec bench replay`); a batched run keeps the batch's one schedule on its first record
+    (`batch_schedule`: device and host time under load, not one request's)."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model_name = getattr(llm, "model_name", "custom")
     settings_key = json.loads(json.dumps(settings.to_dict()))  # as it reads back from JSON
@@ -336,7 +337,16 @@ def run_bench(
                 if schedule is not None:
                     recs[0]["schedule"] = encode(schedule)
             else:
-                recs = run_engine_mode_batch(llm, todo_samples, mode, settings)
+                recorder = ScheduleRecorder().attach(llm.engine.runner) if record_schedule else None
+                try:
+                    recs = run_engine_mode_batch(llm, todo_samples, mode, settings)
+                finally:
+                    schedule = recorder.finish() if recorder is not None else None
+                if schedule is not None and recs:
+                    # One schedule for the whole batch (its forwards carry every request's rows),
+                    # kept once, on the batch's first record: the report's device and host table
+                    # counts it once; a replay, which projects one request's latency, leaves it be.
+                    recs[0]["batch_schedule"] = encode(schedule)
             for rec in recs:
                 rec["run_position"] = position  # place in the group's order (the report can check for bias)
                 rec["group_warm_up"] = warm_each_group
