@@ -7,8 +7,12 @@ frequency (cautious: good where phrasings repeat with variations). On a GPU a ve
 extra tokens costs about a decode step, so the longer of the two candidates is the one with
 more to gain at almost no extra cost; where both propose nothing the step is a plain decode.
 
-Each child keeps indexing the context on every call (both see every step's context), so a
-child whose candidate was not chosen is still current when it is chosen next.
+Once a child has proposed `max_tokens` tokens no later child can propose more (ties go to the
+first), so the later ones are not asked that step: on a GPU the host's part of a step is a visible
+share of a small model's, and in an answer that copies its CoT prompt lookup often fills the whole
+room. A child that was not asked catches up on the context at its next call (prompt lookup and the
+suffix index follow the context by a cursor, as they do after a verify that committed several
+tokens), so what it proposes then is what it would have proposed had it been asked every step.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ ThinkingSpeculator = Literal["suffix", "ngram", "longest"]
 
 
 class LongestProposer:
-    """`Proposer` that asks every child and keeps the longest proposal (ties: the first child)."""
+    """`Proposer` that asks the children in order and keeps the longest proposal (ties: the first
+    child), asking no further once one fills `max_tokens`."""
 
     def __init__(self, proposers: Sequence) -> None:
         if not proposers:
@@ -47,6 +52,8 @@ class LongestProposer:
             proposal = proposer.propose(context, max_tokens)
             if len(proposal.tokens) > len(best.tokens):
                 best, best_index = proposal, i
+                if len(best.tokens) >= max_tokens:
+                    break  # full: no later child can be longer (module docstring)
         if best_index >= 0:
             self.chosen_counts[best_index] += 1
         return best

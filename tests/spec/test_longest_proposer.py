@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from selfspec.engine.policy import Proposal
 from selfspec.spec.longest import LongestProposer, thinking_proposer
 from selfspec.spec.ngram import NgramProposer
@@ -33,11 +35,10 @@ def test_longest_candidate_wins_and_ties_go_to_the_first():
     proposer = LongestProposer([short, long_, other])
     assert proposer.propose([9, 9], 8).tokens == [3, 4, 5]
     assert proposer.chosen_counts == [0, 1, 0]
-    # The budget applies to every child: cut to 2, all tie and the first wins.
+    # The budget applies to every child: cut to 2, the first fills it and wins, the others are not asked.
     assert proposer.propose([9, 9, 9], 2).tokens == [1, 2]
     assert proposer.chosen_counts == [1, 1, 0]
-    # Every child saw every context, so an unchosen child stays current.
-    assert all(len(p.contexts) == 2 for p in (short, long_, other))
+    assert [len(p.contexts) for p in (short, long_, other)] == [2, 1, 1]
     proposer.release()
     assert short.released and other.released
 
@@ -99,3 +100,42 @@ def test_autos_answer_proposes_again_right_after_a_miss():
         assert answer.propose(context, 8) is not None
         answer.on_verdict(SSRStage.SUFFIX.value, 0, 3, [7])  # nothing accepted
         assert (answer.propose(context + [7, 1, 2, 3], 8) is not None) is proposes_after_a_miss
+
+
+@pytest.mark.parametrize("index_context", [True, False], ids=["context-indexed", "draft-only"])
+@pytest.mark.parametrize("mode", ["longest_match", "tree"])
+def test_children_not_asked_after_a_full_proposal_propose_as_if_asked_every_step(mode, index_context):
+    """Prompt lookup beside a suffix index with a draft source (auto's answer proposer): steps
+    where prompt lookup fills the room skip the index, which then catches up on the context; every
+    proposal equals that of a proposer whose children are all asked at every step."""
+    import random
+
+    rng = random.Random(3)
+    vocab = list(range(20))
+    draft = [rng.choice(vocab) for _ in range(60)]
+    context = [rng.choice(vocab) for _ in range(40)] + draft[:10]
+
+    def build():
+        suffix = SuffixProposer(SuffixConfig(mode=mode, index_context=index_context, max_spec_tokens=64))
+        suffix.add_source("draft:0", draft)
+        return LongestProposer([NgramProposer(num_tokens=8), suffix])
+
+    class AskAll(LongestProposer):
+        def propose(self, context, max_tokens):
+            proposals = [p.propose(context, max_tokens) for p in self.proposers]
+            best = max(proposals, key=lambda p: len(p.tokens))  # max keeps the first of equals
+            return best
+
+    lazy, eager = build(), build()
+    eager = AskAll(eager.proposers)
+    skipped = 0
+    for step in range(120):
+        room = rng.choice([1, 2, 4, 8, 16])
+        got, want = lazy.propose(context, room).tokens, eager.propose(context, room).tokens
+        assert got == want, (step, room, got, want)
+        skipped += len(got) >= room
+        # Commit one to four tokens: some from the draft (copied runs), some not.
+        for _ in range(rng.randint(1, 4)):
+            pos = len(context) - 40
+            context = context + [draft[pos] if pos < len(draft) and rng.random() < 0.7 else rng.choice(vocab)]
+    assert skipped > 10, "the case under test never arose"
