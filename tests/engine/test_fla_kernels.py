@@ -16,12 +16,6 @@ GPU by `tools/gpu/gpu_fla_check.py`.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +26,7 @@ from selfspec.engine.model_runner import Chunk, ModelRunner
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.state_cache import LinearLayerSpec, SlotStateCache
 from selfspec.engine.static_forward import GraphBuckets
+from selfspec.testing.interpreted import run_interpreted
 from selfspec.testing.reference import ScriptedProposals, greedy_reference, random_prompts, run_to_finish
 from selfspec.testing.tiny import HYBRID_FAMILIES, tiny_model
 
@@ -149,23 +144,11 @@ def test_fla_is_resolved_from_the_switch_the_device_and_the_import(monkeypatch):
     assert not fla_kernels.applies(torch.device("cpu"), torch.bfloat16)
 
 
-def _interpreted(code: str) -> dict:
-    """Run `code` with fla's kernels under Triton's interpreter; it prints one JSON line."""
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=root, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.skipif(not HAS_FLA, reason="fla-core not installed (pip install selfspec[fla])")
 def test_fla_fused_recurrent_kernel_matches_recurrent_rule_interpreted():
     """Grouped heads (2 key heads, 4 value heads), a padded row (decay 0, beta 0 in front), and
     the prefix re-run `settle` does: the kernel's state after j tokens is the reference's S_j."""
-    result = _interpreted(
+    result = run_interpreted(
         """
         import json, torch
         from selfspec.engine import fla_kernels
@@ -207,7 +190,7 @@ def test_engine_on_the_fla_path_matches_generate_interpreted():
     pieces and verify chunks through fla's fused recurrent kernel over gathered states,
     interpreted on CPU), rollback by recompute with rejections: greedy tokens equal
     transformers' `generate` in fp32."""
-    result = _interpreted(
+    result = run_interpreted(
         """
         import json, os, torch
         os.environ["SELFSPEC_SLOT_DELTA_RULE"] = "0"

@@ -11,36 +11,19 @@ speculation equal to `generate`. On a GPU `tools/gpu/gpu_fla_check.py` checks it
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from selfspec.engine import slot_delta_rule
+from selfspec.testing.interpreted import run_interpreted
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def _interpreted(code: str) -> dict:
-    """Run `code` with Triton kernels interpreted on the CPU; it prints one JSON line."""
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=root, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_kernel_in_slots_matches_the_torch_recurrence_interpreted():
-    result = _interpreted(
+    result = run_interpreted(
         """
         import json, torch
         from selfspec.engine import slot_delta_rule
@@ -91,7 +74,7 @@ def test_engine_with_the_rule_in_slots_matches_generate_interpreted(static):
     """Prefill pieces and verify chunks through the kernel, eager and in static forwards (the
     snapshot buffers), rollback by recompute with rejections (the settles recompute with the same
     kernel): greedy tokens equal `generate`."""
-    result = _interpreted(
+    result = run_interpreted(
         f"""
         import json, os, torch
         os.environ["SELFSPEC_SLOT_DELTA_RULE"] = "1"
