@@ -255,10 +255,8 @@ class SlotStateCache:
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' conv state [B, C, K] and recurrent state [B, H, K, V] (zero for fresh rows)."""
         r = self.routing
-        fresh = r.fresh.view(-1, 1, 1)
-        conv = self.conv[layer].index_select(0, r.slots)
         rec = self.recurrent[layer].index_select(0, r.slots)
-        return conv.masked_fill(fresh, 0), rec.masked_fill(fresh.unsqueeze(-1), 0)
+        return self.read_conv(layer), rec.masked_fill(r.fresh.view(-1, 1, 1, 1), 0)
 
     def read_conv(self, layer: int) -> torch.Tensor:
         """The rows' conv state [B, C, K] alone (the recurrent state is read in its slots by
