@@ -13,6 +13,10 @@ Phases of `Engine.step`:
 - `outside`: from the previous step's end to this one's start: the caller's loop (streaming,
   results, admissions), counted only where the gap is not idling (the same rule as the step costs'
   host time: at most `HOST_GAP_FACTOR` times the forward).
+
+Each step is also counted by the rows it fed (one, two, three or more): a request that drafts runs
+its draft as a second row for part of its chain of thought, and a per-request mean cannot say
+whether the extra host time is in those steps or spread over all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ from __future__ import annotations
 from selfspec.engine.step_costs import HOST_GAP_FACTOR
 
 PHASES = ("propose", "commit", "policies", "outside")
+ROW_GROUPS = ("1", "2", "3+")
+"""How steps are grouped by the rows they fed (`HostPhases.by_rows`)."""
+
+
+def _row_group(rows: int) -> str:
+    return "1" if rows <= 1 else "2" if rows == 2 else "3+"
 
 
 class HostPhases:
@@ -31,16 +41,30 @@ class HostPhases:
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.steps = 0
+        # Per row group: [propose, commit, policies, outside seconds, steps].
+        self._by_rows: dict[str, list[float]] = {group: [0.0] * (len(PHASES) + 1) for group in ROW_GROUPS}
         self._last_end: float | None = None
 
-    def add(self, began: float, forward_start: float, forward_end: float, committed: float, ended: float) -> None:
-        """One step's clock readings: start, forward start and end, commits done, step end."""
+    def add(
+        self, began: float, forward_start: float, forward_end: float, committed: float, ended: float, rows: int = 1
+    ) -> None:
+        """One step's clock readings: start, forward start and end, commits done, step end; and
+        the rows its forward fed."""
         seconds = self.seconds
-        seconds["propose"] += forward_start - began
-        seconds["commit"] += committed - forward_end
-        seconds["policies"] += ended - committed
+        propose, commit, policies = forward_start - began, committed - forward_end, ended - committed
+        outside = 0.0
         if self._last_end is not None and began - self._last_end <= HOST_GAP_FACTOR * (forward_end - forward_start):
-            seconds["outside"] += began - self._last_end
+            outside = began - self._last_end
+        seconds["propose"] += propose
+        seconds["commit"] += commit
+        seconds["policies"] += policies
+        seconds["outside"] += outside
+        group = self._by_rows[_row_group(rows)]
+        group[0] += propose
+        group[1] += commit
+        group[2] += policies
+        group[3] += outside
+        group[4] += 1
         self._last_end = ended
         self.steps += 1
 
@@ -49,3 +73,14 @@ class HostPhases:
         if not self.steps:
             return {}
         return {name: round(1000 * value / self.steps, 4) for name, value in self.seconds.items()}
+
+    def by_rows(self) -> dict[str, dict[str, float]]:
+        """Per row group that ran a step: its steps and milliseconds per step by phase (bench
+        records: where a drafting request's extra host time goes)."""
+        out: dict[str, dict[str, float]] = {}
+        for group, values in self._by_rows.items():
+            steps = values[-1]
+            if steps:
+                out[group] = {"steps": int(steps)}
+                out[group].update({name: round(1000 * values[i] / steps, 4) for i, name in enumerate(PHASES)})
+        return out

@@ -387,7 +387,7 @@ class Engine:
                 with guard(self, seq, "on_step"):
                     seq.policy.on_step(self, seq, outcome)
             event.finished = seq.is_finished
-        self.host_phases.add(began, started, ended, committed, time.perf_counter())
+        self.host_phases.add(began, started, ended, committed, time.perf_counter(), len(chunks))
         seen = {id(event.seq) for event, _ in events}
         failed += [
             StepEvent(s, [], True) for s, *_ in work if s.finish_reason is FinishReason.ERROR and id(s) not in seen

@@ -58,3 +58,22 @@ def test_a_batched_run_counts_its_one_schedule_once():
     assert split["auto"]["forwards"] == 50
     assert split["auto"]["gpu_ms_per_forward"] == pytest.approx(2.0)
     assert split["auto"]["phases_ms"]["commit"] == pytest.approx(0.2)
+
+
+def test_steps_are_also_split_by_the_rows_they_fed():
+    """A drafting request's steps with its draft beside it are weighed apart from its steps alone."""
+    a = _record("auto", 100, 0.15, 0.02, (0.05, 0.06, 0.07, 0.02))
+    a["host_ms_by_rows"] = {
+        "1": {"steps": 60, "propose": 0.04, "commit": 0.05, "policies": 0.01, "outside": 0.02},
+        "2": {"steps": 40, "propose": 0.08, "commit": 0.06, "policies": 0.05, "outside": 0.02},
+    }
+    b = _record("auto", 50, 0.07, 0.01, (0.05, 0.06, 0.07, 0.02))
+    b["host_ms_by_rows"] = {"2": {"steps": 10, "propose": 0.18, "commit": 0.06, "policies": 0.05, "outside": 0.02}}
+    split = host_split(Group("m", "b", {}, [a, b, _record("prompt-lookup", 80, 0.1, 0.01)]))
+    rows = split["auto"]["by_rows"]
+    assert list(rows) == ["1", "2"]
+    assert rows["1"]["steps"] == 60 and rows["1"]["propose"] == pytest.approx(0.04)
+    assert rows["2"]["steps"] == 50 and rows["2"]["propose"] == pytest.approx((0.08 * 40 + 0.18 * 10) / 50)
+    assert split["prompt-lookup"]["by_rows"] == {}
+    table = "\n".join(host_lines(split))
+    assert "by the rows the step fed" in table and "| auto " in table

@@ -39,3 +39,21 @@ def test_the_engine_accounts_every_step_it_ran():
     assert engine.host_phases.steps == steps
     summary = engine.host_phases.summary()
     assert all(summary[name] >= 0 for name in PHASES) and summary["propose"] > 0
+
+
+def test_steps_are_grouped_by_the_rows_they_fed():
+    phases = HostPhases()
+    phases.add(0.0, 0.0002, 0.0012, 0.0013, 0.0016, rows=1)
+    phases.add(0.00165, 0.00185, 0.00285, 0.00295, 0.00305, rows=2)
+    phases.add(0.0031, 0.0032, 0.0042, 0.0043, 0.0044, rows=5)
+    by_rows = phases.by_rows()
+    assert list(by_rows) == ["1", "2", "3+"]
+    assert by_rows["1"]["steps"] == 1 and by_rows["1"]["propose"] == pytest.approx(0.2, abs=1e-6)
+    assert by_rows["2"]["propose"] == pytest.approx(0.2, abs=1e-6)
+    assert by_rows["2"]["outside"] == pytest.approx(0.05, abs=1e-6)
+    assert by_rows["3+"]["policies"] == pytest.approx(0.1, abs=1e-6)
+    # the groups add up to the whole
+    total = sum(g["propose"] * g["steps"] for g in by_rows.values()) / phases.steps
+    assert total == pytest.approx(phases.summary()["propose"], abs=1e-3)
+    phases.reset()
+    assert phases.by_rows() == {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from selfspec.engine.host_phases import PHASES
+from selfspec.engine.host_phases import PHASES, ROW_GROUPS
 from selfspec_bench.records import Group, mode_order
 from selfspec_bench.tables import markdown
 
@@ -37,6 +37,7 @@ def host_split(group: Group) -> dict[str, dict[str, Any]]:
                 "phased": 0,
                 "phases": dict.fromkeys(PHASES, 0.0),
                 "stalls": [],
+                "by_rows": {},
             },
         )
         n = int(schedule["forwards"])
@@ -49,6 +50,12 @@ def host_split(group: Group) -> dict[str, dict[str, Any]]:
             for p in PHASES:
                 s["phases"][p] += phases[p] * n
         s["stalls"].extend(ms for _, ms in schedule.get("stalls", []))
+        for group, figures in (r.get("host_ms_by_rows") or {}).items():
+            acc = s["by_rows"].setdefault(group, {"steps": 0, **dict.fromkeys(PHASES, 0.0)})
+            steps = int(figures.get("steps", 0))
+            acc["steps"] += steps
+            for p in PHASES:
+                acc[p] += figures.get(p, 0.0) * steps
     out: dict[str, dict[str, Any]] = {}
     for mode in mode_order(sums):
         s = sums[mode]
@@ -60,6 +67,11 @@ def host_split(group: Group) -> dict[str, dict[str, Any]]:
             "phases_ms": {p: s["phases"][p] / s["phased"] for p in PHASES} if s["phased"] else None,
             "stalls": len(stalls),
             "longest_stall_ms": max(stalls, default=None),
+            "by_rows": {
+                group: {"steps": acc["steps"], **{p: acc[p] / acc["steps"] for p in PHASES}}
+                for group in ROW_GROUPS
+                if (acc := s["by_rows"].get(group)) and acc["steps"]
+            },
         }
     return out
 
@@ -94,5 +106,31 @@ def host_lines(split: dict[str, dict[str, Any]]) -> list[str]:
             ["mode", "forwards", "device ms", "host ms", *(f"{p} ms" for p in PHASES), "stalls", "longest stall ms"],
             rows,
         ),
+        "",
+        *_by_rows_lines(split),
+    ]
+
+
+def _by_rows_lines(split: dict[str, dict[str, Any]]) -> list[str]:
+    """The host's part of a step by the rows the step fed, where records carry it: a drafting
+    request's steps with its draft beside it against its steps alone."""
+    rows = [
+        [
+            mode,
+            group,
+            figures["steps"],
+            f"{sum(figures[p] for p in PHASES):.3f}",
+            *(f"{figures[p]:.3f}" for p in PHASES),
+        ]
+        for mode, s in split.items()
+        for group, figures in s.get("by_rows", {}).items()
+    ]
+    if not rows:
+        return []
+    return [
+        "The host's part of a step by the rows the step fed (a drafting request's draft is its second row; "
+        "steps of every record of the mode, ms per step):",
+        "",
+        markdown(["mode", "rows", "steps", "host ms", *(f"{p} ms" for p in PHASES)], rows),
         "",
     ]

@@ -143,6 +143,7 @@ def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
         # Where the host's part of each step went since the run began (ms per step by phase; a batch
         # run's records share their batch's figures).
         "host_ms": llm.engine.host_phases.summary(),
+        "host_ms_by_rows": llm.engine.host_phases.by_rows(),  # the same, by the rows each step fed
         "_token_ids": list(r.token_ids),  # for first_divergence; not written
         "_token_shapes": list(r.output_shapes),
     }
