@@ -34,6 +34,7 @@ from selfspec_bench.paper import (
     paper_table,
 )
 from selfspec_bench.peers import peer_section
+from selfspec_bench.phase_split import phase_lines, phase_split
 from selfspec_bench.records import (
     BASELINE,
     BUDGET_KEYS,
@@ -167,6 +168,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
     positions = position_check(group)
     sharing = sharing_check(group)
     host = host_split(group)
+    phases = phase_split(group)
 
     md = [f"## {group.title}", "", f"Settings: {settings_line(group.settings)}", ""]
     if skipped:
@@ -176,6 +178,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
         "",
         *timing_lines(timing),
         *position_tables(group, positions),
+        *phase_lines(phases),
         *host_lines(host),
         *sharing_lines(sharing),
         *divergence_lines(divergences),
@@ -202,6 +205,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
         "plots": {"latency": latency_png.name},
         "timing_check": timing,
         "host_split": host,
+        "phase_split": phases,
         "run_position_check": {m: {str(p): v for p, v in per.items()} for m, per in positions.items()},
         "gpu_sharing_check": sharing,
         "skipped": [r["sample_id"] for r in skipped],
