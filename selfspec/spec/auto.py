@@ -218,16 +218,18 @@ class AutoSSRPolicy(SSRPolicy):
         return proposal
 
     def _propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
-        kind = self._kind()
-        if kind == "thinking":
-            # The CoT's copy first, then its length (as on the lookup path).
-            proposal = super().propose(engine, seq, _capped(max_tokens, self._thinking_capacity))
-            if proposal is None:
+        if self.phase is not Phase.ANSWER:
+            # The CoT's copy first, then its length (as on the lookup path). Every CoT step runs this:
+            # the copy is asked for directly and one proposal is built (the thinking steps' host time
+            # is where auto has trailed prompt lookup).
+            tokens = self._thinking_tokens(seq, _capped(max_tokens, self._thinking_capacity))
+            if tokens is None:
                 return None
-            k = self.lengths.choose(kind, engine.step_costs, _rows(engine), len(proposal.tokens))
+            k = self.lengths.choose("thinking", engine.step_costs, _rows(engine), len(tokens))
             if k == 0:
                 return None
-            return proposal if k >= len(proposal.tokens) else Proposal(proposal.tokens[:k], source=proposal.source)
+            return Proposal(tokens if k >= len(tokens) else tokens[:k], source=THINKING_SOURCE)
+        kind = self._kind()
         k = self.lengths.choose(kind, engine.step_costs, _rows(engine), max_tokens)
         if k == 0:
             return None

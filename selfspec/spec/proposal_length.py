@@ -79,6 +79,7 @@ class AcceptanceRate:
 
     def __init__(self, prior: float, *, decay: float = 0.7, prior_weight: float = 1.0, relax: float = 0.97) -> None:
         self.prior = prior
+        self._prior_rate = min(prior, MAX_ALPHA)  # the rate a position with no evidence starts from
         self.decay = decay
         self.prior_weight = prior_weight
         self.relax = relax
@@ -109,9 +110,13 @@ class AcceptanceRate:
         # forget the rare long runs that make long proposals pay.
         one, decay = 1.0 / self._scale, self.decay
         kept, offered = self._kept, self._offered
-        for i in range(1, min(proposed, accepted + 1, MAX_POSITIONS) + 1):
+        reached = min(proposed, accepted + 1, MAX_POSITIONS)  # positions offered: the kept ones and the rejection
+        for i in range(1, min(accepted, reached) + 1):
             offered[i] = decay * offered[i] + one
-            kept[i] = decay * kept[i] + (one if i <= accepted else 0.0)
+            kept[i] = decay * kept[i] + one
+        if reached > accepted:  # the rejected position: offered, not kept
+            offered[reached] = decay * offered[reached] + one
+            kept[reached] = decay * kept[reached]
         self._forget_gains()
 
     def idle(self) -> None:
@@ -130,7 +135,7 @@ class AcceptanceRate:
 
     def _forget_gains(self) -> None:
         """The counts changed: the expected gains are rebuilt on the next `expected`."""
-        self._gains, self._survive, self._last_rate = [0.0], 1.0, min(self.prior, MAX_ALPHA)
+        self._gains, self._survive, self._last_rate = [0.0], 1.0, self._prior_rate
 
     def gains(self, k: int) -> list[float]:
         """E[accepted | j] for every j up to min(k, MAX_POSITIONS), as a list indexed by j (rebuilt
@@ -393,9 +398,13 @@ class LengthController:
             return 0
         limit = self.max_step_ratio if rows > 1 else _UNLIMITED
         plan, budget_k = step_plan(costs, rows, room, limit)
-        if plan and plan[-1][0] <= MAX_POSITIONS:  # every length tracked: read the gains list directly
-            gains = rate.gains(plan[-1][0])
-            best_k, _, best_source = best_length(plan, lambda k: 1.0 + gains[k], self.margin)
+        if plan and plan[-1][0] <= MAX_POSITIONS:  # every length tracked: `best_length` over the gains list, inline
+            gains, margin = rate.gains(plan[-1][0]), self.margin
+            best_k, best_value, best_source = 0, 1.0, "measured"
+            for k, ratio, source in plan:
+                value = (1.0 + gains[k]) / ratio
+                if value >= margin and value >= best_value:
+                    best_k, best_value, best_source = k, value, source
         else:
             best_k, _, best_source = best_length(plan, rate.expected, self.margin)
         self.last = (best_k, budget_k, rows, best_source)

@@ -192,15 +192,20 @@ class SSRPolicy(ThinkingPolicy):
     def _thinking_proposal(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
         """CoT tokens speculated over prompt + output, cut before any token of the
         end-of-thinking marker (`ssr_core.cut_before_end`)."""
-        proposal = super().propose(engine, seq, max_tokens)  # None without thinking speculation
-        if proposal is None or not proposal.tokens:
+        tokens = self._thinking_tokens(seq, max_tokens)
+        return Proposal(tokens, source=THINKING_SOURCE) if tokens else None  # verified as a one-hot draft
+
+    def _thinking_tokens(self, seq: "Sequence", max_tokens: int) -> list[int] | None:
+        """`_thinking_proposal`'s tokens, or None: the copy over prompt + output, cut before the
+        end-of-thinking marker. Runs on every CoT step, so it calls the proposer directly (the
+        base policy's rule: at most the room left in the phase)."""
+        room = self._proposal_room(max_tokens)  # 0 without thinking speculation
+        if room <= 0:
             return None
-        tokens = proposal.tokens
-        if not self._end_last.isdisjoint(tokens):
+        tokens = self.proposer.propose(seq.token_ids, room).tokens
+        if tokens and not self._end_last.isdisjoint(tokens):
             tokens = cut_before_end(tokens, seq.token_ids, self._end_variants)
-            if not tokens:
-                return None
-        return Proposal(tokens, source=THINKING_SOURCE)  # deterministic: verified as a one-hot draft
+        return tokens or None
 
     # ------------------------------------------------------------------ reacting
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
