@@ -110,13 +110,9 @@ class AcceptanceRate:
         # forget the rare long runs that make long proposals pay.
         one, decay = 1.0 / self._scale, self.decay
         kept, offered = self._kept, self._offered
-        reached = min(proposed, accepted + 1, MAX_POSITIONS)  # positions offered: the kept ones and the rejection
-        for i in range(1, min(accepted, reached) + 1):
+        for i in range(1, min(proposed, accepted + 1, MAX_POSITIONS) + 1):
             offered[i] = decay * offered[i] + one
-            kept[i] = decay * kept[i] + one
-        if reached > accepted:  # the rejected position: offered, not kept
-            offered[reached] = decay * offered[reached] + one
-            kept[reached] = decay * kept[reached]
+            kept[i] = decay * kept[i] + (one if i <= accepted else 0.0)
         self._forget_gains()
 
     def idle(self) -> None:
@@ -398,13 +394,9 @@ class LengthController:
             return 0
         limit = self.max_step_ratio if rows > 1 else _UNLIMITED
         plan, budget_k = step_plan(costs, rows, room, limit)
-        if plan and plan[-1][0] <= MAX_POSITIONS:  # every length tracked: `best_length` over the gains list, inline
-            gains, margin = rate.gains(plan[-1][0]), self.margin
-            best_k, best_value, best_source = 0, 1.0, "measured"
-            for k, ratio, source in plan:
-                value = (1.0 + gains[k]) / ratio
-                if value >= margin and value >= best_value:
-                    best_k, best_value, best_source = k, value, source
+        if plan and plan[-1][0] <= MAX_POSITIONS:  # every length tracked: read the gains list directly
+            gains = rate.gains(plan[-1][0])
+            best_k, _, best_source = best_length(plan, lambda k: 1.0 + gains[k], self.margin)
         else:
             best_k, _, best_source = best_length(plan, rate.expected, self.margin)
         self.last = (best_k, budget_k, rows, best_source)
