@@ -292,26 +292,40 @@ def _room_price(costs: "StepCosts | None", rows: int, room: int) -> tuple[int, f
     return costs.memo(("room", rows, room), lambda: _priced(costs, rows, [room])[0])
 
 
-def _step_plan(
-    costs: "StepCosts | None", rows: int, room: int, limit: float
-) -> tuple[list[tuple[int, float, str]], int]:
-    """The lengths a step of `rows` rows with `room` tokens of room may choose between, each with
-    its cost ratio: the candidates below the room, then the room itself, cut where a step would
-    cost more than `limit` decode steps (costs grow with k: longer ones are over it too); and the
-    longest length under the budget. Depends only on the costs, so memoised with the cost table."""
-    plan: list[tuple[int, float, str]] = []
-    budget_k = 0
-    for k, ratio, source in cost_table(costs, rows):
+def _cost_table(costs: "StepCosts | None", rows: int) -> list[tuple[int, float, str]]:
+    """`cost_table` through the memo's dict first (no closure built on a hit: every row of every
+    step asks)."""
+    if costs is None:
+        return _priced(None, rows, candidate_lengths(None))
+    table = costs.memo_table.get(("cost_table", rows))
+    return table if table is not None else cost_table(costs, rows)
+
+
+def best_in_table(
+    costs: "StepCosts | None", rows: int, room: int, limit: float, expected: Callable[[int], float], margin: float
+) -> tuple[int, float, str, int]:
+    """(k, value, cost source, budget k): the length with the most expected tokens per unit cost
+    among the candidates below `room` and the room itself, read in one pass over the memoised
+    cost table. The pass stops where a step would cost more than `limit` decode steps (costs grow
+    with k: longer ones are over it too); budget k is the longest length under it. k is 0 unless
+    some length beats a plain step by `margin`; between equal values the longer wins (same bucket,
+    same cost: more to accept). Why one pass over a table memoised per row count and not a plan
+    memoised per room: a copy's length changes from step to step, and a plan per room was rebuilt
+    on most steps (a third of the length rule's host time on a CPU)."""
+    best_k, best_value, best_source, budget_k = 0, 1.0, "measured", 0
+    for k, ratio, source in _cost_table(costs, rows):
         at_room = k >= room
         if k > room:  # the room itself, where it is no candidate (priced last)
             k, ratio, source = _room_price(costs, rows, room)
         if ratio > limit:
             break
         budget_k = k
-        plan.append((k, ratio, source))
+        value = expected(k) / ratio
+        if value >= margin and value >= best_value:
+            best_k, best_value, best_source = k, value, source
         if at_room:
             break
-    return plan, budget_k
+    return best_k, best_value, best_source, budget_k
 
 
 def choose_length(
@@ -328,43 +342,15 @@ def choose_length(
     + 1] of a k-token proposal, by default the geometric one at `alpha`); 0 unless some k beats
     a plain step by `margin`, and, beside other rows, none whose step costs more than
     `max_step_ratio` decode steps (a request alone slows no one but itself: the value rule only).
-    Between lengths of equal value the longer wins (same bucket, same cost: more to accept).
-    Runs for every row of every step, so it is a short loop over a memoised plan."""
+    Between lengths of equal value the longer wins (same bucket, same cost: more to accept)."""
     rows = max(1, rows)
     if room <= 0:
         return LengthChoice(0, 0, alpha, rows, 1.0, "measured")
     if expected is None:
         expected = lambda k: expected_tokens(alpha, k)  # noqa: E731
     limit = max_step_ratio if rows > 1 else float("inf")  # alone, a long verify delays no one else
-    plan, budget_k = step_plan(costs, rows, room, limit)
-    best_k, best_value, best_source = best_length(plan, expected, margin)
+    best_k, best_value, best_source, budget_k = best_in_table(costs, rows, room, limit, expected, margin)
     return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
-
-
-def best_length(
-    plan: list[tuple[int, float, str]], expected: Callable[[int], float], margin: float
-) -> tuple[int, float, str]:
-    """(k, value, cost source) of the plan's length with the most expected tokens per unit cost, 0
-    unless some length beats a plain step by `margin`; between equal values the longer wins."""
-    best_k, best_value, best_source = 0, 1.0, "measured"
-    for k, ratio, source in plan:
-        value = expected(k) / ratio
-        if value >= margin and value >= best_value:
-            best_k, best_value, best_source = k, value, source
-    return best_k, best_value, best_source
-
-
-def step_plan(
-    costs: "StepCosts | None", rows: int, room: int, limit: float
-) -> tuple[list[tuple[int, float, str]], int]:
-    """`_step_plan`, memoised with the cost table (a dict lookup: it runs for every row of every step)."""
-    if costs is None:
-        return _step_plan(None, rows, room, limit)
-    key = ("plan", rows, room, limit)
-    plan = costs.memo_table.get(key)
-    if plan is None:
-        plan = costs.memo(key, lambda: _step_plan(costs, rows, room, limit))
-    return plan
 
 
 class LengthController:
@@ -393,12 +379,12 @@ class LengthController:
             self.k_counts[0] += 1
             return 0
         limit = self.max_step_ratio if rows > 1 else _UNLIMITED
-        plan, budget_k = step_plan(costs, rows, room, limit)
-        if plan and plan[-1][0] <= MAX_POSITIONS:  # every length tracked: read the gains list directly
-            gains = rate.gains(plan[-1][0])
-            best_k, _, best_source = best_length(plan, lambda k: 1.0 + gains[k], self.margin)
+        if room <= MAX_POSITIONS:  # every length tracked: the gains list read directly
+            gains = rate.gains(room)
+            expected = lambda k: 1.0 + gains[k]  # noqa: E731
         else:
-            best_k, _, best_source = best_length(plan, rate.expected, self.margin)
+            expected = rate.expected
+        best_k, _, best_source, budget_k = best_in_table(costs, rows, room, limit, expected, self.margin)
         self.last = (best_k, budget_k, rows, best_source)
         self.k_counts[best_k] += 1
         if best_k == 0:
