@@ -124,6 +124,7 @@ class AcceptanceHistory:
         self.answer_tokens = 0
         self.copy_steps = 0
         self.answer_lengths: deque[int] = deque(maxlen=ANSWER_LENGTHS_KEPT)
+        self._length_cap: int | None = None  # draft_length_cap's figure until the next answer is recorded
         self.priced_drafted = 0  # draft tokens of the requests whose saving was counted
         self.saved_steps = 0  # their answer steps saved against the copy path (may be negative)
         self.draft_forwards = 0  # forwards their drafts ran
@@ -146,6 +147,7 @@ class AcceptanceHistory:
         forwards and would have taken `copy_steps` on the copy path (None: not counted)."""
         if answer_tokens > 0:
             self.answer_lengths.append(answer_tokens)
+            self._length_cap = None
             if copy_steps is not None:
                 self.answer_tokens += answer_tokens
                 self.copy_steps += min(max(1, copy_steps), answer_tokens)
@@ -175,9 +177,10 @@ class AcceptanceHistory:
     def draft_length_cap(self) -> int | None:
         """Draft tokens worth writing: past the longest recent answer (with slack) a draft's
         tokens are not verified. None until `CAP_MIN_ANSWERS` answers were recorded."""
-        if len(self.answer_lengths) < CAP_MIN_ANSWERS:
-            return None
-        return math.ceil(CAP_SLACK * max(self.answer_lengths)) + CAP_MIN_TOKENS
+        if self._length_cap is None and len(self.answer_lengths) >= CAP_MIN_ANSWERS:
+            # Asked on every step a draft runs: the maximum is taken once per recorded answer.
+            self._length_cap = math.ceil(CAP_SLACK * max(self.answer_lengths)) + CAP_MIN_TOKENS
+        return self._length_cap
 
 
 class DraftGate:

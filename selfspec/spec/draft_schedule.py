@@ -42,7 +42,11 @@ class DraftSchedule:
         parent with nothing pending pays a comparison, not a backend and a gate."""
         if self.budgets and cot_tokens >= self.budgets[0]:
             return True
-        return self._watch and any(running(d) for d in self.drafts)
+        if self._watch:
+            for draft in self.drafts:
+                if running(draft):
+                    return True
+        return False
 
     def on_cot(self, cot_tokens: int, anchor: list[int], backend: DraftBackend) -> None:
         """The parent has `cot_tokens` CoT tokens and still thinks: fork every budget reached
@@ -73,9 +77,10 @@ class DraftSchedule:
         running = [d for d in self.drafts if backend.draft_running(d)]
         if not running:
             return
-        if self._pending_pair and self._settle_pair(cot_tokens, backend):
-            return
-        running = [d for d in running if backend.draft_running(d)]
+        if self._pending_pair:
+            if self._settle_pair(cot_tokens, backend):
+                return
+            running = [d for d in running if backend.draft_running(d)]  # the pair's verdict may cancel one
         if self.gate is None or not running:
             return
         newest = running[-1]
