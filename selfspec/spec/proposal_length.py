@@ -138,15 +138,15 @@ class AcceptanceRate:
         once after the counts change, extended on demand): the length rule reads it directly."""
         gains, upto = self._gains, min(k, MAX_POSITIONS)
         if len(gains) <= upto:
-            w, scale = self.prior_weight, self._scale
+            w = self.prior_weight / self._scale  # the pseudo-trials in the stored counts' scale
             survive, rate, total = self._survive, self._last_rate, gains[-1]
-            kept, offered, append = self._kept, self._offered, gains.append
+            kept, offered, append, cap = self._kept, self._offered, gains.append, MAX_ALPHA
             for i in range(len(gains), upto + 1):
                 # Position i shrinks toward position i - 1's rate (the first toward the prior): where
                 # nothing was offered yet, a copy is assumed to go on as its last known tokens did. The
                 # carried rate is capped, so the pseudo-trials are never all kept: every rate stays < 1.
-                carried = rate if rate < MAX_ALPHA else MAX_ALPHA
-                rate = (kept[i] * scale + w * carried) / (offered[i] * scale + w)
+                carried = rate if rate < cap else cap
+                rate = (kept[i] + w * carried) / (offered[i] + w)
                 survive *= rate
                 total += survive
                 append(total)
