@@ -289,7 +289,9 @@ def _room_price(costs: "StepCosts | None", rows: int, room: int) -> tuple[int, f
     that offers fewer), memoised with the table."""
     if costs is None:
         return _priced(None, rows, [room])[0]
-    return costs.memo(("room", rows, room), lambda: _priced(costs, rows, [room])[0])
+    key = ("room", rows, room)
+    price = costs.memo_table.get(key)
+    return price if price is not None else costs.memo(key, lambda: _priced(costs, rows, [room])[0])
 
 
 def _cost_table(costs: "StepCosts | None", rows: int) -> list[tuple[int, float, str]]:
