@@ -10,9 +10,8 @@ the runner's `SlotStateCache`, and is installed per instance behind a dispatch t
 only inside the runner's forwards: `generate` on the same model runs transformers' code.
 
 The delta rule runs Triton kernels where `fla_kernels` says they can (CUDA, fla installed,
-`SELFSPEC_FLA` not 0): for decode, verify chunks and short pieces fla's fused recurrent kernel
-over the rows' gathered states, or with `SELFSPEC_SLOT_DELTA_RULE=1` the engine's own
-`slot_delta_rule`, which reads and writes each row's state in its slot; fla's chunked kernel for
+`SELFSPEC_FLA` not 0): for decode, verify chunks and short pieces the engine's own `slot_delta_rule`, which reads and writes each row's state in its slot (with
+`SELFSPEC_SLOT_DELTA_RULE=0`, fla's fused recurrent kernel over the rows' gathered states); fla's chunked kernel for
 long prefill pieces. Verify chunks then keep
 their inputs and initial state, and `settle` re-runs the recurrence over the accepted prefix
 (`SlotStateCache` rollback `"recompute"`). Elsewhere numerics follow transformers' torch path:

@@ -111,7 +111,9 @@ def test_the_kernel_applies_only_where_fla_would_and_its_switch_is_on(monkeypatc
 
     monkeypatch.setattr(fla_kernels, "applies", lambda device, dtype=None: device.type == "cuda")
     monkeypatch.delenv(slot_delta_rule.ENV_SWITCH, raising=False)
-    assert not slot_delta_rule.applies(torch.device("cuda"), torch.bfloat16), "off until checked on a GPU"
+    assert not slot_delta_rule.applies(torch.device("cpu"), torch.bfloat16)
+    if slot_delta_rule.triton is not None:
+        assert slot_delta_rule.applies(torch.device("cuda"), torch.bfloat16), "on by default where fla would run"
     monkeypatch.setenv(slot_delta_rule.ENV_SWITCH, "1")
     assert not slot_delta_rule.applies(torch.device("cpu"), torch.bfloat16)
     if slot_delta_rule.triton is not None:
