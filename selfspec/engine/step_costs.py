@@ -43,10 +43,11 @@ MIN_SAMPLES = 4
 HOST_GAP_FACTOR = 4.0
 """A gap between forwards longer than this many times the forward before it is the engine idling
 (no request, a new request's admission, a caller between `generate` calls), not a step's host work."""
-MEMO_STEPS = 16
+MEMO_STEPS = 64
 """Derived figures (`memo`) are recomputed after this many observations, or at once when a shape
 becomes measured: medians over a 48-step window move slowly, and recomputing a cost table on every
-step cost a large share of a GPU step's host time."""
+step cost a large share of a GPU step's host time (every 16 steps it was still ~8 µs per step on a
+CPU: a rebuild prices every candidate length of every row count asked)."""
 
 
 def _bucket(tokens: int) -> int:
@@ -71,6 +72,13 @@ class StepCosts:
         one-row decode step once there is one; `prior_keys` the key length it is asked at.
         `frozen`: observations are ignored (what-if runs that decide as a given device would)."""
         self.token_buckets = tuple(token_buckets) if token_buckets else None
+        # The padded bucket of every row width up to the widest, by index (`bucket` runs for every
+        # priced length of every cost table).
+        self._bucket_of: list[int | None] = (
+            [min((b for b in self.token_buckets if b >= t), default=None) for t in range(max(self.token_buckets) + 1)]
+            if self.token_buckets
+            else []
+        )
         self.prior = prior
         self.prior_keys = prior_keys
         self.frozen = frozen
@@ -93,7 +101,8 @@ class StepCosts:
         a step that runs eagerly and is not a verify)."""
         if self.token_buckets is None:
             return _bucket(tokens)
-        return next((b for b in self.token_buckets if b >= tokens), None)
+        table = self._bucket_of
+        return table[tokens if tokens > 0 else 0] if tokens < len(table) else None
 
     def observe(self, row_tokens: list[int], seconds: float, started: float | None = None) -> None:
         """One step ran rows feeding `row_tokens` tokens each in `seconds`, its forward starting at
