@@ -27,7 +27,6 @@ so outputs do not depend on it.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -363,9 +362,10 @@ class LengthController:
         self.rates = {kind: AcceptanceRate(prior) for kind, prior in priors.items()}
         self.margin = margin
         self.max_step_ratio = max_step_ratio
-        self.k_counts: Counter[int] = Counter()
-        self.proposed: Counter[str] = Counter()  # "phase/source" -> tokens
-        self.accepted: Counter[str] = Counter()
+        # Plain dicts, not Counters: updated on every step of every row (a Counter's += is twice a dict's).
+        self.k_counts: dict[int, int] = {}
+        self.proposed: dict[str, int] = {}  # "phase/source" -> tokens
+        self.accepted: dict[str, int] = {}
         self.last: tuple[int, int, int, str] | None = None  # (k, budget_k, rows, cost source) of the latest choice
         self._keys: dict[tuple[str, str], str] = {}
 
@@ -378,7 +378,7 @@ class LengthController:
         rows = rows if rows > 1 else 1
         if room <= 0:
             self.last = (0, 0, rows, "measured")
-            self.k_counts[0] += 1
+            self.k_counts[0] = self.k_counts.get(0, 0) + 1
             return 0
         limit = self.max_step_ratio if rows > 1 else _UNLIMITED
         if room <= MAX_POSITIONS:  # every length tracked: the gains list read directly
@@ -388,7 +388,8 @@ class LengthController:
             expected = rate.expected
         best_k, _, best_source, budget_k = best_in_table(costs, rows, room, limit, expected, self.margin)
         self.last = (best_k, budget_k, rows, best_source)
-        self.k_counts[best_k] += 1
+        counts = self.k_counts
+        counts[best_k] = counts.get(best_k, 0) + 1
         if best_k == 0:
             rate.idle()
         return best_k
@@ -401,8 +402,8 @@ class LengthController:
         key = self._keys.get((phase, source))
         if key is None:
             key = self._keys[(phase, source)] = f"{phase}/{source}"
-        self.proposed[key] += proposed
-        self.accepted[key] += accepted
+        self.proposed[key] = self.proposed.get(key, 0) + proposed
+        self.accepted[key] = self.accepted.get(key, 0) + accepted
 
     def report(self) -> dict:
         last = self.last
