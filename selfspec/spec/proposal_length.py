@@ -276,11 +276,14 @@ def _priced(costs: "StepCosts | None", rows: int, ks: list[int]) -> list[tuple[i
 
 
 def cost_table(costs: "StepCosts | None", rows: int) -> list[tuple[int, float, str]]:
-    """Every candidate length's cost ratio at `rows` rows, computed once per observed step: every
-    row of a step asks, and the figures only change when a step is measured."""
+    """Every candidate length's cost ratio at `rows` rows, computed once per `MEMO_STEPS` observed
+    steps: every row of every step asks (so a hit is a dict lookup, no closure built), and the
+    figures only change when steps are measured."""
     if costs is None:
         return _priced(None, rows, candidate_lengths(None))
-    return costs.memo(("cost_table", rows), lambda: _priced(costs, rows, candidate_lengths(costs)))
+    key = ("cost_table", rows)
+    table = costs.memo_table.get(key)
+    return table if table is not None else costs.memo(key, lambda: _priced(costs, rows, candidate_lengths(costs)))
 
 
 def _room_price(costs: "StepCosts | None", rows: int, room: int) -> tuple[int, float, str]:
@@ -293,15 +296,6 @@ def _room_price(costs: "StepCosts | None", rows: int, room: int) -> tuple[int, f
     return price if price is not None else costs.memo(key, lambda: _priced(costs, rows, [room])[0])
 
 
-def _cost_table(costs: "StepCosts | None", rows: int) -> list[tuple[int, float, str]]:
-    """`cost_table` through the memo's dict first (no closure built on a hit: every row of every
-    step asks)."""
-    if costs is None:
-        return _priced(None, rows, candidate_lengths(None))
-    table = costs.memo_table.get(("cost_table", rows))
-    return table if table is not None else cost_table(costs, rows)
-
-
 def best_in_table(
     costs: "StepCosts | None", rows: int, room: int, limit: float, expected: Callable[[int], float], margin: float
 ) -> tuple[int, float, str, int]:
@@ -312,9 +306,9 @@ def best_in_table(
     some length beats a plain step by `margin`; between equal values the longer wins (same bucket,
     same cost: more to accept). Why one pass over a table memoised per row count and not a plan
     memoised per room: a copy's length changes from step to step, and a plan per room was rebuilt
-    on most steps (a third of the length rule's host time on a CPU)."""
+    on most steps."""
     best_k, best_value, best_source, budget_k = 0, 1.0, "measured", 0
-    for k, ratio, source in _cost_table(costs, rows):
+    for k, ratio, source in cost_table(costs, rows):
         at_room = k >= room
         if k > room:  # the room itself, where it is no candidate (priced last)
             k, ratio, source = _room_price(costs, rows, room)
