@@ -161,6 +161,7 @@ class AutoLookupPolicy(ThinkingPolicy):
         self.lengths = config.controller()
         self.fallback = fallback
         self._capacity = proposer_capacity(self.proposer)
+        self._tail: list[int] | tuple = ()  # the latest copy's tokens beyond the chosen length
 
     def _kind(self) -> str:
         return "thinking" if self.phase is Phase.THINKING else "answer"
@@ -176,13 +177,18 @@ class AutoLookupPolicy(ThinkingPolicy):
             return None
         kind = self._kind()
         k = self.lengths.choose(kind, engine.step_costs, _rows(engine), len(tokens))
+        self._tail = tokens[k:] if 0 < k < len(tokens) else ()
         return Proposal(tokens[:k], source=kind) if k > 0 else None
 
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
+        lengths, phase = self.lengths, self.phase
+        lengths.follow(outcome.committed)
         if outcome.proposal is not None and outcome.proposal.source is not None:
             kind = outcome.proposal.source
-            self.lengths.record(kind, kind, "lookup", outcome.proposed, outcome.accepted)
+            lengths.record(kind, kind, "lookup", outcome.proposed, outcome.accepted, self._tail, outcome.committed)
         super().on_step(engine, seq, outcome)
+        if self.phase is not phase:  # forced or closing tokens: later commits no longer follow the copy
+            lengths.drop_tail()
 
     def report(self) -> dict:
         return {"auto": {"path": "lookup", "fallback": self.fallback, **self.lengths.report()}}
@@ -206,6 +212,7 @@ class AutoSSRPolicy(SSRPolicy):
         self._answer_source = "lookup"  # what the last answer-stage proposal came from
         self._thinking_capacity = proposer_capacity(self.proposer)  # the CoT's copies never offer more
         self._fed = 1  # tokens this request fed in its latest step (1 + its proposal): what its drafts may match
+        self._tail: list[int] | tuple = ()  # the latest CoT copy's tokens beyond the chosen length
 
     def _kind(self) -> str:
         if self.phase is not Phase.ANSWER:
@@ -213,6 +220,7 @@ class AutoSSRPolicy(SSRPolicy):
         return "draft_prefix" if self.answer.stage is SSRStage.PREFIX else "answer"
 
     def propose(self, engine: "Engine", seq: "Sequence", max_tokens: int) -> Proposal | None:
+        self._tail = ()
         proposal = self._propose(engine, seq, max_tokens)
         self._fed = 1 + (len(proposal.tokens) if proposal is not None else 0)
         return proposal
@@ -228,7 +236,10 @@ class AutoSSRPolicy(SSRPolicy):
             k = self.lengths.choose("thinking", engine.step_costs, _rows(engine), len(tokens))
             if k == 0:
                 return None
-            return Proposal(tokens if k >= len(tokens) else tokens[:k], source=THINKING_SOURCE)
+            if k >= len(tokens):
+                return Proposal(tokens, source=THINKING_SOURCE)
+            self._tail = tokens[k:]
+            return Proposal(tokens[:k], source=THINKING_SOURCE)
         kind = self._kind()
         k = self.lengths.choose(kind, engine.step_costs, _rows(engine), max_tokens)
         if k == 0:
@@ -267,16 +278,21 @@ class AutoSSRPolicy(SSRPolicy):
         self.lengths.record("draft", "thinking", "draft_own", outcome.proposed, outcome.accepted)
 
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
-        proposal = outcome.proposal
+        proposal, lengths, phase = outcome.proposal, self.lengths, self.phase
+        lengths.follow(outcome.committed)
         if proposal is not None and proposal.source is not None:
             source = proposal.source
             if source == THINKING_SOURCE:
-                self.lengths.record("thinking", "thinking", "lookup", outcome.proposed, outcome.accepted)
+                lengths.record(
+                    "thinking", "thinking", "lookup", outcome.proposed, outcome.accepted, self._tail, outcome.committed
+                )
             elif source == PREFIX_SOURCE:
                 self.lengths.record("draft_prefix", "answer", "draft_prefix", outcome.proposed, outcome.accepted)
             else:
                 self.lengths.record("answer", "answer", self._answer_source, outcome.proposed, outcome.accepted)
         super().on_step(engine, seq, outcome)
+        if self.phase is not phase:  # the CoT closed (or was closed): later commits no longer follow its copy
+            lengths.drop_tail()
 
     def report(self) -> dict:
         out = super().report()

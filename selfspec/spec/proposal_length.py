@@ -28,7 +28,7 @@ so outputs do not depend on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from selfspec.engine.step_costs import StepCosts
@@ -348,6 +348,17 @@ def choose_length(
     return LengthChoice(best_k, budget_k, alpha, rows, best_value, best_source)
 
 
+@dataclass(slots=True)
+class _TailWatch:
+    """A proposal cut to `kept` tokens, all accepted, and the `tail` of the offer it was cut from:
+    `matched` of the tail's tokens were committed after it so far."""
+
+    kind: str
+    kept: int
+    tail: Sequence[int]
+    matched: int = 0
+
+
 class LengthController:
     """Per request: an acceptance rate per kind of proposal, the length decision of each step, and
     what was proposed and accepted by source and phase (the request's `auto` metrics)."""
@@ -362,6 +373,7 @@ class LengthController:
         self.accepted: dict[str, int] = {}
         self.last: tuple[int, int, int, str] | None = None  # (k, budget_k, rows, cost source) of the latest choice
         self._keys: dict[tuple[str, str], str] = {}
+        self._tail: _TailWatch | None = None  # a cut offer whose counterfactual run is still being read (`record`)
 
     def choose(self, kind: str, costs: "StepCosts | None", rows: int, room: int) -> int:
         """This step's proposal length for a proposal of `kind`, at most `room`: `choose_length`
@@ -388,16 +400,71 @@ class LengthController:
             rate.idle()
         return best_k
 
-    def record(self, kind: str, phase: str, source: str, proposed: int, accepted: int) -> None:
-        """A verified proposal: moves the acceptance rate of `kind`, counts it under phase/source."""
+    def record(
+        self,
+        kind: str,
+        phase: str,
+        source: str,
+        proposed: int,
+        accepted: int,
+        tail: Sequence[int] = (),
+        committed: Sequence[int] = (),
+    ) -> None:
+        """A verified proposal: moves the acceptance rate of `kind`, counts it under phase/source.
+
+        `tail`: what the proposer offered beyond the `proposed` tokens the length rule kept (a copy
+        cut short), with `committed` the step's committed tokens. Where every kept token was
+        accepted, the rate is not told "k of k" but what the whole offer would have got, read off
+        the tokens the verifier commits in this and the next steps (`follow`): a rule that keeps
+        choosing short proposals otherwise never learns that its copies run on, and its estimate
+        for the positions it stopped offering stays wherever its last long proposals left it."""
         if proposed <= 0:
             return
-        self.rates[kind].observe(proposed, accepted)
+        if tail and accepted == proposed:
+            self._settle_tail()  # one offer is watched at a time: an older one counts what it has seen
+            self._tail = _TailWatch(kind, proposed, tail)
+            self.follow(committed[accepted:])
+        else:
+            self.rates[kind].observe(proposed, accepted)
         key = self._keys.get((phase, source))
         if key is None:
             key = self._keys[(phase, source)] = f"{phase}/{source}"
         self.proposed[key] = self.proposed.get(key, 0) + proposed
         self.accepted[key] = self.accepted.get(key, 0) + accepted
+
+    def follow(self, committed: Sequence[int]) -> None:
+        """Tokens the verifier committed after a cut offer's kept part (see `record`): each one the
+        offer's tail predicted extends its counterfactual run; the first that differs, or the tail's
+        end, settles it as one observation of the whole offer."""
+        watch = self._tail
+        if watch is None or not committed:
+            return
+        tail, matched = watch.tail, watch.matched
+        for token in committed:
+            if matched == len(tail) or tail[matched] != token:
+                break
+            matched += 1
+        else:
+            if matched < len(tail):  # every committed token matched: wait for the next step's
+                watch.matched = matched
+                return
+        watch.matched = matched
+        self._tail = None
+        # The offer's first `kept + matched` tokens would have been accepted; the next one (if the
+        # tail had one) would have been rejected.
+        offered = watch.kept + min(len(tail), matched + 1)
+        self.rates[watch.kind].observe(offered, watch.kept + matched)
+
+    def drop_tail(self) -> None:
+        """The watched offer's context changed under it (a phase ended, tokens were forced): it
+        counts what it has seen, as a proposal of that length fully accepted."""
+        self._settle_tail()
+
+    def _settle_tail(self) -> None:
+        watch = self._tail
+        if watch is not None:
+            self._tail = None
+            self.rates[watch.kind].observe(watch.kept + watch.matched, watch.kept + watch.matched)
 
     def report(self) -> dict:
         last = self.last

@@ -592,3 +592,71 @@ def test_the_controller_decides_as_choose_length_does(padded):
         want = choose_length(costs, rows, rate.value, room, margin=1.1, max_step_ratio=1.5, expected=rate.expected)
         assert controller.choose("thinking", costs, rows, room) == want.k, (rows, room)
         assert controller.report()["last_choice"]["budget_k"] == want.budget_k
+
+
+def _gains_of(rate: AcceptanceRate, k: int = 16) -> list[float]:
+    return [round(rate.expected(j), 9) for j in range(k + 1)]
+
+
+def test_a_cut_copy_is_observed_as_the_whole_offer_by_the_tokens_committed_after_it():
+    """A copy cut to k tokens, all accepted: the rate hears what the whole offer would have got,
+    read off the tokens the verifier commits in this step (its own next token) and the next ones;
+    the tallies still count what was verified."""
+    cases = [
+        # (kept, tail, committed this step, committed later, the observation the rate must get)
+        (3, [7, 8, 9], [1, 2, 3, 7], [[8, 5]], (6, 5)),  # two tail tokens matched, the third not
+        (3, [7, 8], [1, 2, 3, 4], [], (4, 3)),  # the verifier's own next token differs: settled at once
+        (2, [5], [1, 2, 5], [], (3, 3)),  # the whole tail matched in the same step
+        (2, [5, 6, 7], [1, 2, 5], [[6], [7, 0]], (5, 5)),  # matched to the tail's end over two steps
+    ]
+    for kept, tail, now, later, (offered, accepted) in cases:
+        controller = LengthController({"thinking": 0.6})
+        controller.record("thinking", "thinking", "lookup", kept, kept, tail, now)
+        for committed in later:
+            controller.follow(committed)
+        want = AcceptanceRate(0.6)
+        want.observe(offered, accepted)
+        assert _gains_of(controller.rates["thinking"]) == _gains_of(want), (kept, tail)
+        assert controller.proposed["thinking/lookup"] == kept and controller.accepted["thinking/lookup"] == kept
+
+
+def test_a_cut_copy_that_was_not_accepted_whole_is_observed_as_verified():
+    controller = LengthController({"thinking": 0.6})
+    controller.record("thinking", "thinking", "lookup", 4, 2, [9, 9], [1, 2, 3])
+    want = AcceptanceRate(0.6)
+    want.observe(4, 2)
+    assert _gains_of(controller.rates["thinking"]) == _gains_of(want)
+    controller.follow([9, 9])  # nothing is being watched
+    assert _gains_of(controller.rates["thinking"]) == _gains_of(want)
+
+
+def test_a_watched_tail_counts_what_it_saw_when_dropped_or_replaced():
+    controller = LengthController({"thinking": 0.6})
+    controller.record("thinking", "thinking", "lookup", 2, 2, [5, 6, 7], [1, 2, 5])
+    controller.drop_tail()  # e.g. the chain of thought closed
+    want = AcceptanceRate(0.6)
+    want.observe(3, 3)
+    assert _gains_of(controller.rates["thinking"]) == _gains_of(want)
+    controller.record("thinking", "thinking", "lookup", 2, 2, [5, 6], [1, 2, 5])
+    controller.record("thinking", "thinking", "lookup", 1, 1, [4, 4], [6, 4])  # a new cut offer settles the old
+    want.observe(3, 3)
+    controller.follow([3])
+    want.observe(3, 2)
+    assert _gains_of(controller.rates["thinking"]) == _gains_of(want)
+
+
+def test_cut_copies_that_run_on_teach_the_rule_to_propose_longer():
+    """Copies that used to fail at their 5th token (so the rule keeps 4 of 16) start running on: a
+    rule told "4 of 4" never offers the 5th again and goes on pricing it as it failed; read off
+    the committed tokens, the offers show the runs, and a 15-token proposal is priced at them."""
+    told_kept, told_offer = AcceptanceRate(0.3), LengthController({"thinking": 0.3})
+    for _ in range(6):
+        told_kept.observe(16, 4)
+        told_offer.rates["thinking"].observe(16, 4)
+    stream = list(range(100, 116))
+    for _ in range(12):
+        told_kept.observe(4, 4)
+        told_offer.record("thinking", "thinking", "lookup", 4, 4, stream[4:], stream[:5])
+        told_offer.follow(stream[5:])
+    assert told_kept.expected(15) < 5
+    assert told_offer.rates["thinking"].expected(15) > 12
