@@ -192,6 +192,12 @@ def test_concurrency_batches_samples_and_keeps_tokens(bench_run, tmp_path: Path)
     text = (rep / "report.md").read_text()
     assert "## Concurrency check" in text and "concurrency 1 vs 2, 2 common samples" in text
     assert "| prefix+suffix | " in text.split("## Concurrency check")[1]
+    # Each record names its batch and the batch's wall time; the run's section gives the throughput.
+    for mode in modes:
+        recs = [r for r in batched if r["mode"] == mode]
+        assert {r["batch"] for r in recs} == {0} and len({r["batch_wall_s"] for r in recs}) == 1
+        assert recs[0]["batch_wall_s"] >= max(r["latency_s"] for r in recs) * 0.999
+    assert "### Throughput under load" in text and "| suffix-decoding | 2 | 1 |" in text
 
 
 def test_samples_that_cannot_fit_the_context_are_skipped_and_reported(bench_run, tmp_path: Path):

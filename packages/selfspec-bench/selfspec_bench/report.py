@@ -70,6 +70,7 @@ from selfspec_bench.tables import (
     sharing_lines,
     timing_lines,
 )
+from selfspec_bench.throughput import batch_throughput, throughput_lines
 
 __all__ = ["ReportError", "build_report"]
 
@@ -169,6 +170,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
     sharing = sharing_check(group)
     host = host_split(group)
     phases = phase_split(group)
+    throughput = batch_throughput(group)
 
     md = [f"## {group.title}", "", f"Settings: {settings_line(group.settings)}", ""]
     if skipped:
@@ -176,6 +178,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
     md += [
         mode_table(table),
         "",
+        *throughput_lines(throughput),
         *timing_lines(timing),
         *position_tables(group, positions),
         *phase_lines(phases),
@@ -206,6 +209,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
         "timing_check": timing,
         "host_split": host,
         "phase_split": phases,
+        "throughput": throughput,
         "run_position_check": {m: {str(p): v for p, v in per.items()} for m, per in positions.items()},
         "gpu_sharing_check": sharing,
         "skipped": [r["sample_id"] for r in skipped],

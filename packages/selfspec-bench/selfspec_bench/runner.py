@@ -89,15 +89,19 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     _sync(llm)
     compiled = compiled_graph_count()
     llm.engine.host_phases.reset()
+    began = time.perf_counter()
     seqs = [
         llm.submit(sample.messages, _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
         for sample in samples
     ]
     llm.run_until_done(seqs)
     _sync(llm)
+    wall = time.perf_counter() - began  # submission to the last request's end: the batch's throughput
     results = [llm.result(seq) for seq in seqs]
     compiled = compiled_graph_count() - compiled  # the batch's, given to each of its records
-    return [{**_engine_record(r, r.timings.total, llm), "compiled_graphs": compiled} for r in results]
+    return [
+        {**_engine_record(r, r.timings.total, llm), "compiled_graphs": compiled, "batch_wall_s": wall} for r in results
+    ]
 
 
 def _engine_record(r, latency: float, llm: LLM) -> dict[str, Any]:
@@ -350,6 +354,8 @@ def run_bench(
                     recs[0]["batch_schedule"] = encode(schedule)
             for rec in recs:
                 rec["run_position"] = position  # place in the group's order (the report can check for bias)
+                if group_size > 1:
+                    rec["batch"] = i  # the group it was submitted with (the report's throughput)
                 rec["group_warm_up"] = warm_each_group
             ran[mode] = list(zip(todo_samples, recs))
             history.ran()
