@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from selfspec.llm import LLM
+from selfspec.run_info import device_name
 from selfspec_bench.datasets import load_benchmark
 from selfspec_bench.modes import BenchSettings, spec_for
 from selfspec_bench.runner import _limits, _params
@@ -168,11 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     "by_phase_rows": summarise(steps),
                 }
             )
-    device = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
-    )
+    device = device_name(args.device)
     result = {
         "command": "python benchmarks/host_phases.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": device,

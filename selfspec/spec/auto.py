@@ -287,9 +287,9 @@ class AutoSSRPolicy(SSRPolicy):
                     "thinking", "thinking", "lookup", outcome.proposed, outcome.accepted, self._tail, outcome.committed
                 )
             elif source == PREFIX_SOURCE:
-                self.lengths.record("draft_prefix", "answer", "draft_prefix", outcome.proposed, outcome.accepted)
+                lengths.record("draft_prefix", "answer", "draft_prefix", outcome.proposed, outcome.accepted)
             else:
-                self.lengths.record("answer", "answer", self._answer_source, outcome.proposed, outcome.accepted)
+                lengths.record("answer", "answer", self._answer_source, outcome.proposed, outcome.accepted)
         super().on_step(engine, seq, outcome)
         if self.phase is not phase:  # the CoT closed (or was closed): later commits no longer follow its copy
             lengths.drop_tail()

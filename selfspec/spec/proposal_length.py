@@ -421,7 +421,7 @@ class LengthController:
         if proposed <= 0:
             return
         if tail and accepted == proposed:
-            self._settle_tail()  # one offer is watched at a time: an older one counts what it has seen
+            self.drop_tail()  # one offer is watched at a time: an older one counts what it has seen
             self._tail = _TailWatch(kind, proposed, tail)
             self.follow(committed[accepted:])
         else:
@@ -456,11 +456,9 @@ class LengthController:
         self.rates[watch.kind].observe(offered, watch.kept + matched)
 
     def drop_tail(self) -> None:
-        """The watched offer's context changed under it (a phase ended, tokens were forced): it
-        counts what it has seen, as a proposal of that length fully accepted."""
-        self._settle_tail()
-
-    def _settle_tail(self) -> None:
+        """Stop watching the cut offer (its context changed under it: a phase ended, tokens were
+        forced; or a newer offer is watched): it counts what it has seen, as a proposal of that
+        length fully accepted."""
         watch = self._tail
         if watch is not None:
             self._tail = None
