@@ -24,7 +24,12 @@ A step is more than its forward: between two forwards the host proposes, verifie
 runs the policies, and the device waits (the forward ends in a synchronising copy). That gap is
 kept too (`host_seconds`), because what a longer verify or one more row adds has to be weighed
 against the whole step: on an H100 a 135M model's forward is ~1.4 ms and the host's part 0.05-0.13 ms,
-and a ratio of forwards alone overstates every extra token's and row's price by that share.
+and a ratio of forwards alone overstates every extra token's and row's price by that share. The gap
+is kept per row count as well: every row is proposed for, verified, committed and reacted to on the
+host, so a second row adds host time as well as forward time, and on a GPU running a small model
+the host's share is the larger one (an H100, 135M thinker: a draft row added ~0.7% to the forward
+and ~0.07 ms, about 4% of a step, to the host's part). A row's price (`row_cost`) takes each
+shape's own gap; a longer verify of the same rows leaves it as it is.
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ class StepCosts:
         self._memo: dict[Any, Any] = {}
         self._host: deque[float] = deque(maxlen=WINDOW)  # seconds between a forward's end and the next's start
         self._host_median: float | None = None
+        # The same gaps by the row count of the forward they preceded, and their medians.
+        self._host_by_rows: dict[int, deque[float]] = {}
+        self._host_medians: dict[int, float] = {}
         self._last_end: float | None = None
         self.version = 0  # observations so far
         self._memo_version = 0  # when the memo was last cleared
@@ -112,8 +120,14 @@ class StepCosts:
             return
         if started is not None:
             if self._last_end is not None and 0.0 <= started - self._last_end <= HOST_GAP_FACTOR * seconds:
-                self._host.append(started - self._last_end)
+                gap, rows = started - self._last_end, len(row_tokens)
+                self._host.append(gap)
                 self._host_median = None
+                by_rows = self._host_by_rows.get(rows)
+                if by_rows is None:
+                    by_rows = self._host_by_rows[rows] = deque(maxlen=WINDOW)
+                by_rows.append(gap)
+                self._host_medians.pop(rows, None)
             self._last_end = started + seconds
         if self.padded:
             bucket = self.bucket(max(row_tokens))
@@ -165,21 +179,29 @@ class StepCosts:
         median = self._median((rows, bucket))
         return median if self.padded else median * tokens
 
-    def host_seconds(self) -> float:
+    def host_seconds(self, rows: int | None = None) -> float:
         """Median host seconds a step spends outside its forward (proposals, verification, the
-        policies); 0.0 until `MIN_SAMPLES` gaps were seen. Added to both sides of every cost ratio
-        (`step_ratio`): a longer verify or one more row lengthens the forward, not this part."""
+        policies), over steps of `rows` rows where `MIN_SAMPLES` of them were seen, else over every
+        step; 0.0 until `MIN_SAMPLES` gaps were seen. Added to both sides of every cost ratio
+        (`step_ratio`): a longer verify lengthens the forward, not this part; one more row both."""
+        if rows is not None:
+            samples = self._host_by_rows.get(rows)
+            if samples is not None and len(samples) >= MIN_SAMPLES:
+                value = self._host_medians.get(rows)
+                if value is None:
+                    value = self._host_medians[rows] = statistics.median(samples)
+                return value
         if len(self._host) < MIN_SAMPLES:
             return 0.0
         if self._host_median is None:
             self._host_median = statistics.median(self._host)
         return self._host_median
 
-    def step_ratio(self, more: float, base: float) -> float:
+    def step_ratio(self, more: float, base: float, rows_more: int | None = None, rows_base: int | None = None) -> float:
         """Whole-step cost of a step whose forward takes `more` seconds over one whose forward
-        takes `base`: the host's part of a step (`host_seconds`) on both sides."""
-        host = self.host_seconds()
-        return (more + host) / (base + host)
+        takes `base`: the host's part of a step (`host_seconds`) on both sides, each side's at its
+        own row count where given (what one more row costs the host, `row_cost`)."""
+        return (more + self.host_seconds(rows_more)) / (base + self.host_seconds(rows_base))
 
     def predicted(self, rows: int, tokens: int = 1) -> float | None:
         """The prior's seconds for a step of `rows` rows of `tokens` tokens, scaled by how this
@@ -198,7 +220,7 @@ class StepCosts:
 
     def row_cost(self, rows: int, extra: int = 1) -> float | None:
         """What each of `extra` more rows adds to a step of `rows` rows, as a fraction of that step
-        (0.05: 5% slower per row), at the tokens-per-row bucket the engine ran most often in both
+        (0.05: 5% slower per row), forward and host time (`step_ratio` at each row count), at the tokens-per-row bucket the engine ran most often in both
         shapes. Plain SSR decodes (one token per row); composed with speculation in the thinking,
         parent and draft both verify several tokens per step, and rare one-token steps are no
         measure of those. `extra` > 1 shares the cost of several rows out evenly: on padded
@@ -220,7 +242,7 @@ class StepCosts:
             more, base = self.predicted(rows + extra), self.predicted(rows)
         else:
             base, more = self.seconds(rows, best[1]), self.seconds(rows + extra, best[1])
-        return max(0.0, (self.step_ratio(more, base) - 1.0) / extra)
+        return max(0.0, (self.step_ratio(more, base, rows + extra, rows) - 1.0) / extra)
 
     def verify_token_cost(self) -> float | None:
         """Seconds per token of the longest measured one-row verify chunk, as a fraction of a

@@ -229,14 +229,16 @@ def cost_ratio(
     if costs is not None:
         base, more = costs.seconds(rows, 1), costs.seconds(rows, tokens)
         if base and more:
-            return max(1.0, costs.step_ratio(more, base)), "measured"
+            return max(1.0, costs.step_ratio(more, base, rows, rows)), "measured"
         if costs.prior is not None:  # a step-cost model of this model and device: every shape priced
-            return max(1.0, costs.step_ratio(costs.predicted(rows, tokens), costs.predicted(rows, 1))), "model"
+            more, base = costs.predicted(rows, tokens), costs.predicted(rows, 1)
+            return max(1.0, costs.step_ratio(more, base, rows, rows)), "model"
         if line is _NOT_GIVEN:
             line = fitted_line(costs, rows)
         if line is not None:
             fixed, per_token = line
-            return max(1.0, costs.step_ratio(fixed + per_token * rows * tokens, fixed + per_token * rows)), "fitted"
+            more, base = fixed + per_token * rows * tokens, fixed + per_token * rows
+            return max(1.0, costs.step_ratio(more, base, rows, rows)), "fitted"
     q = TOKEN_COST_PRIOR
     return (1.0 + q * rows * tokens) / (1.0 + q * rows), "prior"
 

@@ -85,6 +85,30 @@ def test_host_time_between_forwards_weighs_in_every_ratio():
     assert StepCosts().host_seconds() == 0.0  # nothing seen: forwards alone
 
 
+def test_a_rows_host_time_is_part_of_its_price():
+    """Every row is proposed for, verified and committed on the host: where a second row adds
+    little to the forward but much to the host's part (a GPU running a small model), the row's
+    price is the whole step's growth, each row count at its own host gap, and a draft whose saving
+    covers the forward's growth alone is not forked."""
+    costs = StepCosts()
+    now = 0.0
+    for _ in range(8):
+        for rows, forward, host in ((1, 0.100, 0.010), (2, 0.101, 0.030)):
+            now += host
+            costs.observe([1] * rows, forward, now)
+            now += forward
+    assert costs.host_seconds(1) == pytest.approx(0.010)
+    assert costs.host_seconds(2) == pytest.approx(0.030)
+    assert costs.host_seconds(3) == costs.host_seconds()  # an unmeasured row count: every step's median
+    assert costs.row_cost(1) == pytest.approx(0.131 / 0.110 - 1.0)
+    assert cost_ratio(costs, 2, 1)[0] == 1.0  # a verify of the same rows: host time on both sides alike
+    history = AcceptanceHistory()
+    history.record(1000, 800, answer_tokens=400, copy_steps=300, answer_steps=200, draft_forwards=1000)
+    gate = DraftGate(SSRConfig(gate="cost", gate_margin=1.0), history)
+    verdict = gate.before_fork(costs, rows=1, cot_tokens=200)
+    assert verdict.action == "skip", verdict  # a token saves 0.13 of a step; the row costs 0.19 (forwards alone: 0.01)
+
+
 def test_drafts_under_load_share_the_batch_bucket_they_cross():
     """On padded batches the 17th row moves the step into the 32-row bucket and the rows after it
     ride free: priced by its marginal row, the draft beside 7 others looked free and forked, and the
