@@ -67,11 +67,12 @@ def spec_for(mode: str, args: argparse.Namespace, arbitrator) -> object | None:
 
 
 def groups_of(items, size: int) -> list[list]:
-    """Consecutive items of one task in groups of `size` (a group decodes together; one task
-    per group, since a call has one thinking setting)."""
+    """Consecutive items in groups of `size` (a group decodes together), tasks mixed where they
+    share a thinking setting (a call has one). Grouped by task instead, 8 items of each of two
+    tasks at `size` 16 ran as two groups of 8: a load of 8 reported as 16."""
     groups: list[list] = []
     for task, item in items:
-        if groups and len(groups[-1]) < size and groups[-1][0][0] is task:
+        if groups and len(groups[-1]) < size and groups[-1][0][0].thinking == task.thinking:
             groups[-1].append((task, item))
         else:
             groups.append([(task, item)])

@@ -23,9 +23,11 @@ from selfspec.spec.auto import AutoConfig
 from selfspec.spec.base import MethodContext
 from selfspec.spec.draft_schedule import DraftSchedule
 from selfspec.spec.proposal_length import (
+    LONGER_TOLERANCE,
     MAX_ALPHA,
     AcceptanceRate,
     LengthController,
+    best_in_table,
     candidate_lengths,
     choose_length,
     cost_ratio,
@@ -257,6 +259,29 @@ def test_batch_fill_shrinks_the_proposal_to_nothing():
     assert 0 < busy.k < alone.k, busy
     assert full.k == 0 and full.budget_k == 0, full
     assert alone.cost_from == "measured"
+
+
+def test_a_longer_proposal_wins_a_near_tie():
+    """Padded steps as an H100 runs a 135M model: a 16-token bucket 1.4% dearer than an 8-token
+    one. At a per-token acceptance of 0.5, positions 8-15 add less than that, so the 7-token cut
+    has the higher estimated value, by 1%: within the tolerance the 15-token proposal is kept.
+    Where the longer bucket costs twice as much (a CPU) the cut stands."""
+    seconds = {1: 1.28e-3, 2: 1.30e-3, 4: 1.38e-3, 8: 1.43e-3, 16: 1.45e-3, 32: 1.54e-3, 64: 2.05e-3}
+
+    def padded(step) -> StepCosts:
+        costs = StepCosts(token_buckets=tuple(seconds))
+        for bucket in seconds:
+            for _ in range(MIN_SAMPLES):
+                costs.observe([bucket], step(bucket))
+        return costs
+
+    gpu, cpu = padded(seconds.get), padded(lambda b: seconds[b] * (2.0 if b >= 16 else 1.0))
+    expected = lambda k: expected_tokens(0.5, k)  # noqa: E731
+    assert expected(15) / 1.45 < expected(7) / 1.43 < expected(15) / 1.45 * (1 + LONGER_TOLERANCE)
+    assert best_in_table(gpu, 1, 15, float("inf"), expected, 1.1, tolerance=0.0)[0] == 7
+    assert best_in_table(gpu, 1, 15, float("inf"), expected, 1.1)[0] == 15
+    assert choose_length(gpu, rows=1, alpha=0.5, room=15, margin=1.1).k == 15
+    assert choose_length(cpu, rows=1, alpha=0.5, room=15, margin=1.1).k == 7
 
 
 def test_low_acceptance_shrinks_the_proposal():
