@@ -310,6 +310,56 @@ forward. Where a cut really pays (a CPU, where a longer verify costs several dec
 margin is far above this."""
 
 
+def priced_lengths(
+    costs: "StepCosts | None", rows: int, room: int, limit: float
+) -> tuple[tuple[tuple[int, float, str], ...], int]:
+    """((k, cost ratio, cost source) of every candidate length below `room` and of the room
+    itself, in increasing k, cut where a step would cost more than `limit` decode steps (costs grow
+    with k: longer ones are over it too); the longest length under the limit, the budget k).
+    Memoised per (rows, room, limit) with the step costs' other figures: every row of every step
+    asks, and between two refreshes of the costs the answer is the same list."""
+    if costs is None:
+        return _price_upto(None, rows, room, limit)
+    key = ("priced", rows, room, limit)
+    found = costs.memo_table.get(key)
+    return found if found is not None else costs.memo(key, lambda: _price_upto(costs, rows, room, limit))
+
+
+def _price_upto(costs: "StepCosts | None", rows: int, room: int, limit: float):
+    out: list[tuple[int, float, str]] = []
+    budget_k = 0
+    for k, ratio, source in cost_table(costs, rows):
+        at_room = k >= room
+        if k > room:  # the room itself, where it is no candidate (priced last)
+            k, ratio, source = _room_price(costs, rows, room)
+        if ratio > limit:
+            break
+        budget_k = k
+        out.append((k, ratio, source))
+        if at_room:
+            break
+    return tuple(out), budget_k
+
+
+def longest_near_best(
+    valued: Sequence[tuple[int, float, str]], margin: float, tolerance: float = LONGER_TOLERANCE
+) -> tuple[int, float, str]:
+    """(k, value, cost source) among (k, expected tokens per unit cost, source) in increasing k:
+    0 unless some length beats a plain step by `margin`; of those that do, the longest whose value
+    is within `tolerance` of the best (`LONGER_TOLERANCE`; equal values: same bucket, same cost,
+    more to accept)."""
+    best = 1.0
+    for _, value, _ in valued:
+        if value > best:
+            best = value
+    if best >= margin:
+        floor = best * (1.0 - tolerance)
+        for k, value, source in reversed(valued):
+            if value >= margin and value >= floor:
+                return k, value, source
+    return 0, 1.0, "measured"
+
+
 def best_in_table(
     costs: "StepCosts | None",
     rows: int,
@@ -319,35 +369,13 @@ def best_in_table(
     margin: float,
     tolerance: float = LONGER_TOLERANCE,
 ) -> tuple[int, float, str, int]:
-    """(k, value, cost source, budget k): the length with the most expected tokens per unit cost
-    among the candidates below `room` and the room itself, read in one pass over the memoised
-    cost table. The pass stops where a step would cost more than `limit` decode steps (costs grow
-    with k: longer ones are over it too); budget k is the longest length under it. k is 0 unless
-    some length beats a plain step by `margin`; of the lengths that do, the longest whose value is
-    within `tolerance` of the best wins (`LONGER_TOLERANCE`; equal values: same bucket, same cost,
-    more to accept). Why one pass over a table memoised per row count and not a plan memoised per
-    room: a copy's length changes from step to step, and a plan per room was rebuilt on most steps."""
-    passing: list[tuple[int, float, str]] = []  # lengths that beat a plain step, by increasing k
-    best_value, budget_k = 1.0, 0
-    for k, ratio, source in cost_table(costs, rows):
-        at_room = k >= room
-        if k > room:  # the room itself, where it is no candidate (priced last)
-            k, ratio, source = _room_price(costs, rows, room)
-        if ratio > limit:
-            break
-        budget_k = k
-        value = expected(k) / ratio
-        if value >= margin:
-            passing.append((k, value, source))
-            if value > best_value:
-                best_value = value
-        if at_room:
-            break
-    floor = best_value * (1.0 - tolerance)
-    for k, value, source in reversed(passing):
-        if value >= floor:
-            return k, value, source, budget_k
-    return 0, 1.0, "measured", budget_k
+    """(k, value, cost source, budget k): `longest_near_best` over the lengths `priced_lengths`
+    gives, each valued at `expected(k)` over its cost ratio. Why lengths priced per row count and
+    room, and valued on every call: a copy's length changes from step to step, its acceptance
+    after every verified proposal, the costs only once per `MEMO_STEPS` steps."""
+    priced, budget_k = priced_lengths(costs, rows, room, limit)
+    k, value, source = longest_near_best([(k, expected(k) / ratio, src) for k, ratio, src in priced], margin, tolerance)
+    return k, value, source, budget_k
 
 
 def choose_length(
@@ -414,12 +442,14 @@ class LengthController:
             self.k_counts[0] = self.k_counts.get(0, 0) + 1
             return 0
         limit = self.max_step_ratio if rows > 1 else _UNLIMITED
+        priced, budget_k = priced_lengths(costs, rows, room, limit)
         if room <= MAX_POSITIONS:  # every length tracked: the gains list read directly
             gains = rate.gains(room)
-            expected = lambda k: 1.0 + gains[k]  # noqa: E731
+            valued = [(k, (1.0 + gains[k]) / ratio, source) for k, ratio, source in priced]
         else:
             expected = rate.expected
-        best_k, _, best_source, budget_k = best_in_table(costs, rows, room, limit, expected, self.margin)
+            valued = [(k, expected(k) / ratio, source) for k, ratio, source in priced]
+        best_k, _, best_source = longest_near_best(valued, self.margin)
         self.last = (best_k, budget_k, rows, best_source)
         counts = self.k_counts
         counts[best_k] = counts.get(best_k, 0) + 1
