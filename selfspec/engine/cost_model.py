@@ -12,11 +12,21 @@ The form follows where a forward's time goes:
       + per_row   * (rows - 1)                  per-row work that does not shrink with the batch
       + per_token * tokens                      GEMM tiles growing below the compute knee
       + compute   * max(0, tokens - knee)       compute-bound GEMMs past the knee
-      + kv_read   * rows * keys                 attention reading each row's keys
+      + kv_decode * rows * keys  (decode steps) attention reading each row's keys, one query per row
+      + kv_verify * rows * keys  (verify steps) the same with several queries per row
       + attn      * tokens * keys               attention's query x key work
+      + log_keys  * log2(keys)                  per-step work that grows with the key bucket, slowly
 
 with `tokens` = rows x tokens per row (all fed tokens) and `keys` the key length a row attends
-over. Static forwards (CUDA graphs) pad a step to its bucket shape, so the model rounds rows,
+over. Why the key read is split by step kind: a decode step's attention is bandwidth-bound on the
+cache (Qwen3-4B, 32 rows x 4,096 keys: 19 GB of K/V, 5.8 ms at an H100's bandwidth, against 6.4 ms
+measured over the same step at 256 keys), while a verify step's is dominated by its query x key
+work; one coefficient for both, fitted mostly to the many verify shapes, priced long decode steps
+12-13% low at 4B and 8B. The log term takes what grows with the key bucket less than linearly (each
+bucket its own graph; split-key programs and their reduce): at 135M a decode step costs 0.14 ms more
+at 1,024 keys than at 256 and only 0.20 ms more again at 4,096. On the committed H100 grids (3- and
+5-fold cross-validation over diagonals of the grid) the two changes raised the share of held-out
+shapes within 10% from 92.1 / 96.0 / 98.4% to 96.4 / 97.6 / 99.2% (135M / 4B / 8B). Static forwards (CUDA graphs) pad a step to its bucket shape, so the model rounds rows,
 tokens per row and keys up to the buckets the engine captured, as the engine does, before the
 formula; a shape beyond the buckets runs eagerly at its real size.
 
@@ -28,14 +38,18 @@ negative coefficient is dropped and the rest refitted); the knee with the smalle
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-TERMS = ("fixed", "per_row", "per_token", "compute", "kv_read", "attn")
+TERMS = ("fixed", "per_row", "per_token", "compute", "kv_decode", "kv_verify", "attn", "log_keys")
 """The model's coefficients, in the order of `features`."""
+LEGACY_TERMS = ("fixed", "per_row", "per_token", "compute", "kv_read", "attn")
+"""An older form's coefficients (one key-read term for every step): read as kv_decode = kv_verify =
+kv_read and log_keys = 0, the same predictions."""
 KNEES = (0, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 """Candidate fed-token counts where GEMMs turn compute-bound (H100/H200 bf16: a few hundred)."""
 
@@ -74,8 +88,19 @@ class Buckets:
 def features(rows: int, tokens: int, keys: int, knee: int) -> np.ndarray:
     """The terms of the module docstring's formula for one (bucketed) shape."""
     fed = rows * tokens
+    row_keys = float(rows * keys)
+    decode = tokens == 1
     return np.array(
-        [1.0, rows - 1.0, float(fed), float(max(0, fed - knee)), float(rows * keys), float(fed * keys)],
+        [
+            1.0,
+            rows - 1.0,
+            float(fed),
+            float(max(0, fed - knee)),
+            row_keys if decode else 0.0,
+            0.0 if decode else row_keys,
+            float(fed * keys),
+            math.log2(keys),
+        ],
         dtype=np.float64,
     )
 
@@ -112,12 +137,15 @@ class StepCostModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> StepCostModel:
-        missing = [t for t in TERMS if t not in data.get("coefficients", {})]
+        given = data.get("coefficients", {})
+        if all(t in given for t in LEGACY_TERMS) and not any(t in given for t in ("kv_decode", "kv_verify")):
+            given = {**given, "kv_decode": given["kv_read"], "kv_verify": given["kv_read"], "log_keys": 0.0}
+        missing = [t for t in TERMS if t not in given]
         if missing or "knee" not in data:
             raise ValueError(f"not a step-cost model: missing {missing or ['knee']}")
         b = data.get("buckets") or {}
         return cls(
-            coefficients={t: float(data["coefficients"][t]) for t in TERMS},
+            coefficients={t: float(given[t]) for t in TERMS},
             knee=int(data["knee"]),
             buckets=Buckets(
                 batch=tuple(b.get("batch", ())),

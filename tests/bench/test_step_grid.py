@@ -17,7 +17,7 @@ from selfspec.engine.cost_model import TERMS, Buckets, StepCostModel, StepPoint,
 from selfspec.engine.schedule import Forward, Row, decode
 from selfspec.testing.tiny import save_tiny_model_dir
 from selfspec_bench import shapes
-from selfspec_bench.step_grid import fit_grid, grid_runner, held_out, measure, schedule_seconds
+from selfspec_bench.step_grid import fit_grid, grid_runner, held_out, measure, refit_grid, schedule_seconds
 
 TINY_SHAPE = dict(
     family="llama",
@@ -32,7 +32,16 @@ TINY_SHAPE = dict(
 )
 GRID = [(r, t, k) for r in (1, 2, 4, 8, 16, 32) for t in (1, 2, 4, 8, 16, 32, 64) for k in (256, 1024, 4096)]
 # An H100-like 8B model: ~9.5 ms floor, compute-bound past ~300 fed tokens.
-TRUE = dict(fixed=9.5e-3, per_row=2e-5, per_token=1e-6, compute=3e-5, kv_read=2.2e-8, attn=1e-10)
+TRUE = dict(
+    fixed=9.5e-3,
+    per_row=2e-5,
+    per_token=1e-6,
+    compute=3e-5,
+    kv_decode=2.2e-8,
+    kv_verify=1.5e-8,
+    attn=1e-10,
+    log_keys=3e-5,
+)
 
 
 def _true_model(knee: int = 256, buckets: Buckets = Buckets()) -> StepCostModel:
@@ -100,6 +109,46 @@ def test_a_model_round_trips_as_data_and_bad_data_is_refused(tmp_path: Path):
         model.seconds(0, 1, 1)
     with pytest.raises(ValueError, match="at least"):
         fit([StepPoint(1, 1, 1, 1.0)])
+
+
+def test_a_model_of_the_older_form_reads_with_the_same_predictions():
+    """Models fitted before the key read was split by step kind (one `kv_read`, no `log_keys`) load
+    as kv_decode = kv_verify = kv_read and log_keys = 0."""
+    legacy = {"coefficients": dict(fixed=1e-3, per_row=1e-5, per_token=1e-6, compute=2e-5, kv_read=3e-8, attn=1e-9)}
+    model = StepCostModel.from_dict({**legacy, "knee": 64})
+    for rows, tokens, keys in ((1, 1, 256), (8, 1, 4096), (4, 16, 1024)):
+        fed = rows * tokens
+        want = 1e-3 + 1e-5 * (rows - 1) + 1e-6 * fed + 2e-5 * max(0, fed - 64) + 3e-8 * rows * keys + 1e-9 * fed * keys
+        assert model.seconds(rows, tokens, keys) == pytest.approx(want)
+
+
+def test_a_committed_grid_is_refitted_without_a_device(tmp_path: Path):
+    """`refit_grid` / `selfspec bench refit-grid`: the grid's points and held-out marks, the fitted
+    model's buckets and signature, the current form; a missing model or a bad grid is refused."""
+    truth = _true_model(buckets=Buckets((1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64), 128, 4096))
+    points = [
+        {"rows": r, "tokens": t, "keys": k, "seconds": truth.seconds(r, t, k), "held_out": i % 3 == 0}
+        for i, (r, t, k) in enumerate(GRID)
+    ]
+    grid = tmp_path / "big_grid.json"
+    grid.write_text(json.dumps({"shape": "big", "points": points}))
+    old = StepCostModel({**dict(TRUE), "kv_decode": 0.0}, 0, truth.buckets, shape="big", device="NVIDIA H100")
+    old.signature = {"hidden_size": 4096}
+    old.save(tmp_path / "big_cost_model.json")
+    model, check = refit_grid(grid, tmp_path / "out" / "big_cost_model.json")
+    assert check["held_out"] == sum(p["held_out"] for p in points) and check["within_10pct"] == check["held_out"]
+    assert model.signature == {"hidden_size": 4096} and model.buckets == truth.buckets and model.device == "NVIDIA H100"
+    assert StepCostModel.load(tmp_path / "out" / "big_cost_model.json") == model
+    result = _invoke(["bench", "refit-grid", str(grid), "--out", str(tmp_path / "cli.json")])
+    assert result.exit_code == 0, result.output
+    assert "within 10%" in result.output
+    (tmp_path / "lone").mkdir()
+    lone = tmp_path / "lone" / "big_grid.json"
+    lone.write_text(grid.read_text())
+    assert _invoke(["bench", "refit-grid", str(lone), "--out", str(tmp_path / "x.json")]).exit_code == 2
+    lone.write_text("{}")
+    result = _invoke(["bench", "refit-grid", str(lone), "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "not a step grid" in " ".join(result.output.split())
 
 
 def test_the_grid_runs_through_the_engine_runner_and_holds_a_third_out(tiny_shape):

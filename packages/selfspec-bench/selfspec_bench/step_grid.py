@@ -174,6 +174,36 @@ def run_grid(
     return cost_model, check
 
 
+def refit_grid(grid_path: Path, out_path: Path, model_path: Path | None = None) -> tuple[StepCostModel, dict]:
+    """A measured grid fitted again in the current form, without a device: the points (and which
+    were held out) from `grid_path` (`<shape>_grid.json`), the buckets, device, dtype and model
+    signature from the model fitted to it (`model_path`, default `<shape>_cost_model.json` beside
+    the grid); the new model is written to `out_path`. Why: a change to the model's form should be
+    checked on, and applied to, every grid already measured, not wait for GPU time."""
+    import json
+
+    grid_path = Path(grid_path)
+    try:
+        record = json.loads(grid_path.read_text())
+        points = [
+            (StepPoint(p["rows"], p["tokens"], p["keys"], p["seconds"]), bool(p["held_out"])) for p in record["points"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{grid_path}: not a step grid ({exc})") from None
+    shape = record.get("shape") or grid_path.name.removesuffix("_grid.json")
+    model_path = Path(model_path) if model_path is not None else grid_path.with_name(f"{shape}_cost_model.json")
+    try:
+        old = StepCostModel.load(model_path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{model_path}: the grid's fitted model is needed for its buckets ({exc})") from None
+    about = {"shape": old.shape or shape, "device": old.device, "dtype": old.dtype}
+    model, check = fit_grid(points, old.buckets, **about)
+    model.signature = dict(old.signature)
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    model.save(Path(out_path))
+    return model, check
+
+
 def schedule_seconds(model: StepCostModel, forwards: Sequence[Any]) -> float:
     """A schedule's forward time as the cost model predicts it: each forward at its rows, its
     longest row's tokens and the longest key length a row reaches (what a padded static forward

@@ -161,3 +161,28 @@ def step_grid(
             else "nothing held out"
         )
     )
+
+
+@app.command("refit-grid")
+def refit_grid_command(
+    grid: str = typer.Argument(..., help="A <shape>_grid.json written by `selfspec bench step-grid`."),
+    out: str = typer.Option(..., "--out", help="Where the refitted <shape>_cost_model.json goes."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="The model fitted to the grid, for its buckets and signature (default: beside the grid)."
+    ),
+) -> None:
+    """Fit a measured grid again in the current step-cost form (no device): its held-out shapes
+    are checked as when it was measured."""
+    from selfspec_bench.step_grid import refit_grid
+
+    try:
+        fitted, check = refit_grid(Path(grid), Path(out), Path(model) if model else None)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    coef = ", ".join(f"{k} {v:.3g}" for k, v in fitted.coefficients.items())
+    console.print(f"{fitted.shape} on {fitted.device}: knee {fitted.knee} tokens; {coef}")
+    console.print(
+        f"fit rms {fitted.fit_error['rms']:.1%}; held out {check['held_out']}: mean {check['mean_abs_error']:.1%}, "
+        f"max {check['max_abs_error']:.1%}, {check['within_10pct']} within 10%"
+    )
