@@ -15,6 +15,7 @@ Triton (or on CPU without the interpreter) the engine keeps transformers' attent
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import torch
@@ -22,6 +23,26 @@ import torch
 from selfspec.engine.triton_env import HAVE_TRITON, available, tl, triton  # noqa: F401
 
 KEYS_PER_SPLIT = 512  # one program covers at most this many keys (then a reduce kernel merges)
+TOKEN_BLOCKS_ENV = "SELFSPEC_SLOT_ATTENTION_TOKEN_BLOCKS"
+"""Set to 1: a verify chunk's consecutive query tokens share a program (`tokens_per_program`)."""
+
+
+def tokens_per_program(tokens: int, groups: int, tile_rows: int, window: int) -> int:
+    """Query tokens of one row one program takes (`TOKEN_BLOCKS_ENV` on; else 1).
+
+    Why: a program's query tile has `tile_rows` rows (at least 16, what a tensor-core dot
+    takes) and one token's grouped heads fill `groups` of them: 3 of 16 for SmolLM2, 4 for
+    Qwen3-4B/8B. One token per program leaves the rest as padding and reads the row's keys and
+    values once per token, so a k-token verify reads the cache k times (at 4B the step grid's 32
+    rows x 64 tokens over 4,096 keys took 223 ms, 19x the 32-row decode step). Filling the
+    padding with the next tokens reads them once per tile, in the same tile shape as decode's. Off until
+    a GPU run shows the outputs bitwise equal to one token per program (`tools/gpu`): each row's
+    dot products and softmax are the same operations in the same tile shape, but that is for the
+    compiled kernel to confirm. Sliding-window layers keep one token per program: their rows
+    start at different keys, and a shared loop would group a row's keys differently."""
+    if tokens <= 1 or window or os.environ.get(TOKEN_BLOCKS_ENV, "0") != "1":
+        return 1
+    return max(1, min(tokens, tile_rows // groups))
 
 
 if HAVE_TRITON:
@@ -50,36 +71,45 @@ if HAVE_TRITON:
         sp_b,
         sp_t,
         T,
+        blocks,
         scale,
         window,
         keys_per_split,
         splits,
         G: tl.constexpr,
         GP: tl.constexpr,
+        TB: tl.constexpr,
         D: tl.constexpr,
         BLOCK_N: tl.constexpr,
         SINGLE: tl.constexpr,
         IEEE: tl.constexpr,
     ):
-        row = tl.program_id(0)  # b * T + t
+        # One program: TB consecutive query tokens of one row (TB x G query heads in the GP-row
+        # tile, the rest padding) over one K/V head and one split of the keys. TB = 1 is one token.
+        block = tl.program_id(0)  # b * blocks + block of TB tokens
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-        b = row // T
-        t = row % T
+        b = block // blocks
+        r = tl.arange(0, GP)
+        t = (block % blocks) * TB + r // G  # each tile row's token
+        g = r % G
+        live = (r < TB * G) & (t < T)  # tile rows of real query heads
         slot = tl.load(slots_ptr + b * s_slot).to(tl.int64)
-        pos = tl.load(pos_ptr + b * sp_b + t * sp_t).to(tl.int64)
+        pos = tl.load(pos_ptr + b * sp_b + t * sp_t, mask=live, other=0).to(tl.int64)  # [GP]
         # One integer type throughout: Triton rejects a variable whose type changes in a branch.
         lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0).to(tl.int64)
         first = (split * keys_per_split).to(tl.int64)
-        start = tl.maximum(lo, first)
-        stop = tl.minimum(pos + 1, first + keys_per_split)
+        stop_row = tl.minimum(pos + 1, first + keys_per_split)  # each tile row's end of keys
+        # The keys any live row reads; a row masks the keys outside its own range. With TB = 1
+        # every live row has the same range: the loop and masks are the one-token ones.
+        start = tl.maximum(tl.min(tl.where(live, lo, tl.max(lo))), first)
+        stop = tl.max(tl.where(live, stop_row, 0))
 
-        g = tl.arange(0, GP)
         d = tl.arange(0, D)
         heads = kv_head * G + g
         q = tl.load(
-            q_ptr + b * sq_b + t * sq_t + heads[:, None] * sq_h + d[None, :] * sq_d,
-            mask=(g < G)[:, None],
+            q_ptr + b * sq_b + t[:, None] * sq_t + heads[:, None] * sq_h + d[None, :] * sq_d,
+            mask=live[:, None],
             other=0.0,
         ).to(k_ptr.dtype.element_ty)
         m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
@@ -95,7 +125,8 @@ if HAVE_TRITON:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [GP, BLOCK_N]
             else:
                 s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(valid[None, :], s, float("-inf"))
+            own = (n[None, :] < stop_row[:, None]) & (n[None, :] >= lo[:, None])
+            s = tl.where(own, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp(s - m_safe[:, None])
@@ -109,19 +140,19 @@ if HAVE_TRITON:
         if SINGLE:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             tl.store(
-                out_ptr + b * so_b + t * so_t + heads[:, None] * so_h + d[None, :],
+                out_ptr + b * so_b + t[:, None] * so_t + heads[:, None] * so_h + d[None, :],
                 out.to(out_ptr.dtype.element_ty),
-                mask=(g < G)[:, None],
+                mask=live[:, None],
             )
         else:
             # partials [rows, Hq, splits, D + 2]: acc, then m and l
             width = D + 2
             head_stride = splits * width
             row_stride = head_stride * tl.num_programs(1) * G
-            p_base = part_ptr + row * row_stride + heads * head_stride + split * width
-            tl.store(p_base[:, None] + d[None, :], acc, mask=(g < G)[:, None])
-            tl.store(p_base + D, m_i, mask=g < G)
-            tl.store(p_base + D + 1, l_i, mask=g < G)
+            p_base = part_ptr + (b * T + t) * row_stride + heads * head_stride + split * width
+            tl.store(p_base[:, None] + d[None, :], acc, mask=live[:, None])
+            tl.store(p_base + D, m_i, mask=live)
+            tl.store(p_base + D + 1, l_i, mask=live)
 
     @triton.jit(do_not_specialize=["splits"])
     def _reduce_kernel(part_ptr, out_ptr, so_b, so_t, so_h, T, HQ, splits, D: tl.constexpr):
@@ -180,10 +211,13 @@ def slot_attention(
         raise ValueError(f"head_dim {d} must be a power of two >= 16 for the slot-attention kernel")
     groups = hq // hkv
     splits = max(1, math.ceil(key_length / KEYS_PER_SPLIT))
+    tile_rows = max(16, 1 << (groups - 1).bit_length())
+    per_program = tokens_per_program(t, groups, tile_rows, int(sliding_window or 0))
+    blocks = -(-t // per_program)
     out = torch.empty((b, t, hq, d), dtype=query.dtype, device=query.device)
     # Every split writes its partial (empty ones: m = -inf, l = 0), so no buffer fills.
     parts = torch.empty((b * t, hq, splits, d + 2), dtype=torch.float32, device=query.device) if splits > 1 else out
-    _slot_attention_kernel[(b * t, hkv, splits)](
+    _slot_attention_kernel[(b * blocks, hkv, splits)](
         query,
         k_cache,
         v_cache,
@@ -206,12 +240,14 @@ def slot_attention(
         positions.stride(0),
         positions.stride(1),
         t,
+        blocks,
         float(scale),
         int(sliding_window or 0),
         KEYS_PER_SPLIT,
         splits,
         G=groups,
-        GP=max(16, 1 << (groups - 1).bit_length()),
+        GP=tile_rows,
+        TB=per_program,
         D=d,
         BLOCK_N=64,
         SINGLE=splits == 1,

@@ -62,12 +62,18 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         "sp_b",
         "sp_t",
         "T",
+        "blocks",
         "window",
         "keys_per_split",
         "splits",
     ]
     target = GPUTarget("cuda", 90, 32)
-    for dtype, splits, ieee in [("bf16", 1, False), ("bf16", 4, False), ("fp32", 2, True)]:
+    for dtype, splits, ieee, tb in [
+        ("bf16", 1, False, 1),
+        ("bf16", 4, False, 1),
+        ("fp32", 2, True, 1),
+        ("bf16", 4, False, 5),
+    ]:
         signature = {
             "q_ptr": f"*{dtype}",
             "k_ptr": f"*{dtype}",
@@ -79,7 +85,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
             **{n: "i32" for n in ints},
             "scale": "fp32",
         }
-        constexprs = {"G": 3, "GP": 16, "D": 64, "BLOCK_N": 64, "SINGLE": splits == 1, "IEEE": ieee}
+        constexprs = {"G": 3, "GP": 16, "TB": tb, "D": 64, "BLOCK_N": 64, "SINGLE": splits == 1, "IEEE": ieee}
         signature.update({k: "constexpr" for k in constexprs})
         kernel = triton.compile(
             ASTSource(fn=sa._slot_attention_kernel, signature=signature, constexprs=constexprs), target=target

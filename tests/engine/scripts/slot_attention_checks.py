@@ -54,7 +54,55 @@ def check_kernel() -> None:
         assert out.shape == (b, t, hq, d) and out.is_contiguous()
         assert err < 1e-5, (b, hq, hkv, t, d, keys, window, err)
     check_key_bucket_invariance()
+    check_token_blocks()
     print("kernel ok")
+
+
+def check_token_blocks() -> None:
+    """Consecutive query tokens sharing a program (`SELFSPEC_SLOT_ATTENTION_TOKEN_BLOCKS=1`) give
+    what one token per program gives, and the float64 reference still holds: blocks that end
+    inside a split, a token whose later splits are empty, a last partial block, grouped heads of 3
+    (5 tokens a tile), 4 (4) and 8 (2), one and several splits. Equal to rounding, not bit for
+    bit: the interpreter's dot is the CPU BLAS's, whose result for a row depends on where the row
+    sits in the matrix (rows past the sixth of a tile differ in the last bit); bitwise equality
+    of decode and verify on the compiled kernel is `tools/gpu/gpu_batch_invariance.py`'s check."""
+    from selfspec.engine import slot_attention as sa
+
+    g = torch.Generator().manual_seed(7)
+    for b, hq, hkv, t, d, keys, dtype in [
+        (2, 6, 2, 7, 16, 300, torch.float32),  # 3 groups: tiles of 5 tokens, then 2
+        (1, 8, 2, 9, 32, 1500, torch.float32),  # 4 groups, 3 splits
+        (
+            2,
+            16,
+            2,
+            5,
+            16,
+            1100,
+            torch.float32,
+        ),  # 8 groups: 2 tokens a tile (fp32: the interpreter's bf16 dot is not bf16's)
+    ]:
+        q = torch.randn(b, t, hq, d, generator=g).to(dtype).transpose(1, 2)
+        kc = torch.randn(3, hkv, 1600, d, generator=g).to(dtype)
+        vc = torch.randn(3, hkv, 1600, d, generator=g).to(dtype)
+        slots = torch.tensor([2, 0][:b])
+        base = torch.randint(t, keys - 1, (b, 1), generator=g)
+        pos = base - t + 1 + torch.arange(t)  # a verify chunk: consecutive positions
+        pos[0, 0] = 3  # and one token far before the rest: its later splits are empty
+        args = dict(scale=1 / math.sqrt(d), key_length=keys)
+        os.environ.pop(sa.TOKEN_BLOCKS_ENV, None)
+        one = slot_attention(q, kc, vc, slots, pos, **args)
+        os.environ[sa.TOKEN_BLOCKS_ENV] = "1"
+        try:
+            assert sa.tokens_per_program(t, hq // hkv, 16, 0) > 1
+            blocked = slot_attention(q, kc, vc, slots, pos, **args)
+        finally:
+            os.environ.pop(sa.TOKEN_BLOCKS_ENV, None)
+        assert (blocked - one).abs().max() <= 1e-6, (b, hq, hkv, t)
+        ref = reference(q, kc, vc, slots, pos, 1 / math.sqrt(d), 0)
+        err = float((blocked.double() - ref).norm() / ref.norm())
+        assert err < 1e-5, (b, hq, hkv, t, err)
+    assert sa.tokens_per_program(8, 3, 16, 40) == 1  # sliding windows: one token a program
 
 
 def check_key_bucket_invariance() -> None:
