@@ -116,12 +116,14 @@ def check_key_bucket_invariance() -> None:
     """
     g = torch.Generator().manual_seed(3)
     hq, hkv, d, cache_len = 6, 2, 32, 4096
-    kc = torch.randn(2, hkv, cache_len, d, generator=g).bfloat16()
-    vc = torch.randn(2, hkv, cache_len, d, generator=g).bfloat16()
+    # float32: the interpreter's bf16 dot does not compute bf16 products (its outputs are far from
+    # any reference), so bf16 equality here would compare noise with noise.
+    kc = torch.randn(2, hkv, cache_len, d, generator=g)
+    vc = torch.randn(2, hkv, cache_len, d, generator=g)
     slots = torch.tensor([1])
     for window in (0, 300):
         pos = torch.tensor([[1022, 1023, 700]])
-        q = torch.randn(1, 3, hq, d, generator=g).bfloat16().transpose(1, 2)
+        q = torch.randn(1, 3, hq, d, generator=g).transpose(1, 2)
         outs = [
             slot_attention(
                 q, kc, vc, slots, pos, scale=1 / math.sqrt(d), key_length=keys, sliding_window=window or None
