@@ -241,6 +241,8 @@ class LLM:
             global_history=self.global_history,
             draft_runner=self.draft_runner,
             draft_acceptance=self.draft_acceptance,
+            step_costs=self.engine.step_costs,
+            rows=self.engine.num_running + 1,
         )
         return parse_spec(spec).build(context)
 

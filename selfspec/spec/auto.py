@@ -11,7 +11,10 @@ its extra row is cheap on a GPU, dear on a CPU and dear on a full batch. So auto
   costs, and cancelled when it stops paying), iterative drafting that stops once two drafts
   agree (`converge_tokens`), and in the answer the draft's prefix, then the draft's suffix
   index beside prompt lookup over prompt + CoT (the longer proposal wins). A request that
-  does not think, or whose answer is too short for a draft to pay, copies (prompt lookup).
+  does not think, whose answer is too short for a draft to pay, or whose drafts the cost gate
+  would decline as it starts (this LLM's record of what drafts saved, the measured row cost),
+  copies (prompt lookup): SSR's per-step work costs host time on every step, drafted or not.
+  Every 16th such request drafts again, so the record follows a workload that changes.
 - per step: how many tokens to propose (`spec.proposal_length`), from the engine's measured
   step costs at the current batch size and this request's recent acceptance; none when
   nothing pays, and never beyond a per-step budget of `max_step_ratio` decode steps, so a
@@ -31,6 +34,7 @@ from pydantic import Field
 
 from selfspec.engine.policy import Proposal, StepOutcome
 from selfspec.spec.base import MethodConfig, MethodContext
+from selfspec.spec.draft_gate import drafts_cannot_pay
 from selfspec.spec.longest import LongestProposer, thinking_proposer
 from selfspec.spec.ngram import NgramProposer
 from selfspec.spec.proposal_length import LengthController
@@ -113,6 +117,13 @@ class AutoConfig(MethodConfig):
             answer_room = min(answer_room, ctx.limits.answer_cap)
         if answer_room <= self.min_answer_tokens:
             return "lookup", f"answer of at most {answer_room} tokens: a draft cannot pay"
+        declined = drafts_cannot_pay(self.ssr_config(), ctx.draft_acceptance, ctx.step_costs, ctx.rows)
+        if declined is not None:
+            # SSR's per-step work (the draft schedule's watch, the answer stages) costs host time on
+            # every step whether or not a draft is forked: on an H100 running the 135M thinker,
+            # 0.014 ms a step, about 1% of it. A request whose drafts the gate would decline now
+            # copies instead, as a non-thinking request does; every EXPLORE_EVERY-th drafts again.
+            return "lookup", f"the gate declines drafts here: {declined.reason}"
         return "ssr", None
 
     def build(self, ctx: MethodContext) -> ThinkingPolicy:

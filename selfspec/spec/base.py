@@ -19,6 +19,7 @@ from selfspec.engine.policy import Proposal, SequencePolicy
 
 if TYPE_CHECKING:
     from selfspec.engine.sampling import SamplingParams
+    from selfspec.engine.step_costs import StepCosts
     from selfspec.spec.draft_gate import AcceptanceHistory
     from selfspec.spec.draft_model import DraftModelRunner
     from selfspec.spec.suffix import GlobalSuffixHistory
@@ -42,6 +43,8 @@ class MethodContext:
     global_history: GlobalSuffixHistory | None = None
     draft_runner: DraftModelRunner | None = None
     draft_acceptance: AcceptanceHistory | None = None  # SSR's cost gate: how well this LLM's drafts matched
+    step_costs: StepCosts | None = None  # the engine's measured step costs (what a method may weigh at the start)
+    rows: int = 1  # the rows the engine runs with this request admitted
 
 
 class MethodConfig(BaseModel):

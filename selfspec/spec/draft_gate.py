@@ -216,6 +216,10 @@ class DraftGate:
         self._next_check = self.probe_steps
         return verdict
 
+    def judge(self, costs: "StepCosts | None", rows: int, cot_tokens: int = 0, other_drafts: int = 0) -> GateVerdict:
+        """What `before_fork` would decide now, recording nothing and counting no decline."""
+        return self._judge(costs, rows, cot_tokens, other_drafts, when_unknown="probe", when_pays="fork")
+
     def due(self, draft_tokens: int) -> bool:
         """Whether `while_drafting` would judge a running draft of `draft_tokens` tokens now (the
         caller measures the step costs only then: it runs on every step of a drafting request)."""
@@ -282,6 +286,26 @@ class DraftGate:
     def report(self) -> list[dict]:
         """Every decision, in order, as plain dicts (for the request's metrics)."""
         return [asdict(v) for v in self.verdicts]
+
+
+def drafts_cannot_pay(
+    config: "SSRConfig", history: AcceptanceHistory | None, costs: "StepCosts | None", rows: int
+) -> GateVerdict | None:
+    """The gate's verdict that no draft of a request starting now can pay (None: one may, or it
+    is this LLM's turn to measure again). A caller that then runs the request without drafting
+    machinery counts it as a declined fork, so after `EXPLORE_EVERY` declines in a row the next
+    request drafts again and its first fork is forked to measure ("explore"): the record stays
+    current when the workload changes. Only for the cost gate; None without measured costs."""
+    if config.gate != "cost" or costs is None:
+        return None
+    verdict = DraftGate(config, history).judge(costs, rows)
+    if verdict.action != "skip":
+        return None
+    if history is not None:
+        if history.declined_in_a_row + 1 >= EXPLORE_EVERY:
+            return None  # left at the threshold: the request's own gate explores its first fork
+        history.declined_in_a_row += 1
+    return verdict
 
 
 def _draft_row_cost(costs: "StepCosts | None", rows: int, other_drafts: int) -> float | None:

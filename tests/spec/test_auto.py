@@ -366,13 +366,18 @@ def test_a_draft_childs_own_proposals_are_sized_by_the_parents_rule():
     assert middling.report()["auto"]["proposed_tokens"]["thinking/draft_own"] == 128
 
 
-def _ctx(thinking: bool, max_tokens: int = 1000, answer_cap: int | None = None) -> MethodContext:
+def _ctx(
+    thinking: bool, max_tokens: int = 1000, answer_cap: int | None = None, history=None, costs=None, rows: int = 1
+) -> MethodContext:
     return MethodContext(
         thinking_format=_toy_format(),
         limits=ThinkingLimits(answer_cap=answer_cap),
         thinking=thinking,
         params=SamplingParams(max_tokens=max_tokens),
         device=torch.device("cpu"),
+        draft_acceptance=history,
+        step_costs=costs,
+        rows=rows,
     )
 
 
@@ -386,6 +391,32 @@ def test_the_path_per_request():
     ssr = auto.ssr_config()
     assert ssr.gate == "cost" and ssr.speculate_thinking and ssr.thinking_speculator == "ngram"
     assert ssr.converge_tokens == auto.converge_tokens and ssr.draft_interval == auto.draft_interval
+
+
+def test_a_thinking_request_copies_where_the_gate_would_decline_its_drafts():
+    """On a workload whose drafts saved nothing against the copy path (the LLM's record) and a
+    device where a second row costs 10% of a step, a thinking request takes the lookup path (SSR's
+    per-step work would buy nothing), counted as a declined fork; the 16th in a row drafts again,
+    and its own gate forks its first draft to measure. Where drafts pay, or nothing was measured,
+    the request drafts."""
+    from selfspec.spec.draft_gate import EXPLORE_EVERY, AcceptanceHistory, DraftGate
+
+    dear = StepCosts()
+    for _ in range(MIN_SAMPLES):
+        dear.observe([1], 0.010)
+        dear.observe([1, 1], 0.011)
+    history = AcceptanceHistory()
+    history.record(400, 100, answer_tokens=100, copy_steps=40, answer_steps=40, draft_forwards=400)
+    auto = AutoConfig()
+    paths = [auto.choose_path(_ctx(True, history=history, costs=dear)) for _ in range(EXPLORE_EVERY)]
+    assert all(p == "lookup" and "gate declines" in why for p, why in paths[:-1]), paths
+    assert paths[-1] == ("ssr", None)  # the record is measured again
+    assert DraftGate(auto.ssr_config(), history).before_fork(dear, 1, 256).action == "explore"
+    assert auto.choose_path(_ctx(True, history=history, costs=dear))[0] == "lookup"
+    paying = AcceptanceHistory()
+    paying.record(400, 380, answer_tokens=400, copy_steps=300, answer_steps=30, draft_forwards=200)
+    assert auto.choose_path(_ctx(True, history=paying, costs=dear)) == ("ssr", None)
+    assert auto.choose_path(_ctx(True, history=history, costs=StepCosts())) == ("ssr", None)  # row unmeasured
 
 
 class _Backend:
