@@ -223,7 +223,7 @@ class AutoSSRPolicy(SSRPolicy):
         self._answer_source = "lookup"  # what the last answer-stage proposal came from
         self._thinking_capacity = proposer_capacity(self.proposer)  # the CoT's copies never offer more
         self._fed = 1  # tokens this request fed in its latest step (1 + its proposal): what its drafts may match
-        self._tail: list[int] | tuple = ()  # the latest CoT copy's tokens beyond the chosen length
+        self._tail: list[int] | tuple = ()  # the latest offer's tokens beyond the chosen length
 
     def _kind(self) -> str:
         if self.phase is not Phase.ANSWER:
@@ -251,17 +251,27 @@ class AutoSSRPolicy(SSRPolicy):
                 return Proposal(tokens, source=THINKING_SOURCE)
             self._tail = tokens[k:]
             return Proposal(tokens[:k], source=THINKING_SOURCE)
-        kind = self._kind()
-        k = self.lengths.choose(kind, engine.step_costs, _rows(engine), max_tokens)
-        if k == 0:
-            return None
+        # The answer's offer first (the draft's next run, or the longer copy), then its length, as
+        # in the chain of thought: the length rule prices only the positions the offer has (pricing
+        # every length up to the engine's room rebuilt the acceptance of 63 positions after every
+        # verified answer step), and no length is chosen on a step with nothing to offer.
         suffix = self.answer.suffix_proposer
         before = list(suffix.chosen_counts) if isinstance(suffix, LongestProposer) else None
-        proposal = super().propose(engine, seq, k)
-        if proposal is not None and proposal.source == SUFFIX_SOURCE:
+        proposal = super().propose(engine, seq, max_tokens)
+        if proposal is None or not proposal.tokens:
+            return None
+        kind = "draft_prefix" if proposal.source == PREFIX_SOURCE else "answer"
+        k = self.lengths.choose(kind, engine.step_costs, _rows(engine), len(proposal.tokens))
+        if k == 0:
+            return None
+        if proposal.source == SUFFIX_SOURCE:
             # The answer's copy stage: the longer of prompt lookup (child 0) and the drafts' index.
             chose_draft = before is not None and suffix.chosen_counts[1] > before[1]
             self._answer_source = "draft_suffix" if chose_draft else "lookup"
+        if k < len(proposal.tokens):
+            self._tail = proposal.tokens[k:]  # heard as the whole offer once the verifier settles it
+            probs = proposal.draft_probs[:k] if proposal.draft_probs is not None else None
+            proposal = Proposal(proposal.tokens[:k], probs, proposal.source)
         return proposal
 
     def draft_proposal_room(self, engine: "Engine", max_tokens: int) -> int:
@@ -298,9 +308,25 @@ class AutoSSRPolicy(SSRPolicy):
                     "thinking", "thinking", "lookup", outcome.proposed, outcome.accepted, self._tail, outcome.committed
                 )
             elif source == PREFIX_SOURCE:
-                lengths.record("draft_prefix", "answer", "draft_prefix", outcome.proposed, outcome.accepted)
+                lengths.record(
+                    "draft_prefix",
+                    "answer",
+                    "draft_prefix",
+                    outcome.proposed,
+                    outcome.accepted,
+                    self._tail,
+                    outcome.committed,
+                )
             else:
-                lengths.record("answer", "answer", self._answer_source, outcome.proposed, outcome.accepted)
+                lengths.record(
+                    "answer",
+                    "answer",
+                    self._answer_source,
+                    outcome.proposed,
+                    outcome.accepted,
+                    self._tail,
+                    outcome.committed,
+                )
         super().on_step(engine, seq, outcome)
         if self.phase is not phase:  # the CoT closed (or was closed): later commits no longer follow its copy
             lengths.drop_tail()
