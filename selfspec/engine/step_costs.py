@@ -220,8 +220,8 @@ class StepCosts:
 
     def row_cost(self, rows: int, extra: int = 1) -> float | None:
         """What each of `extra` more rows adds to a step of `rows` rows, as a fraction of that step
-        (0.05: 5% slower per row), forward and host time (`step_ratio` at each row count), at the tokens-per-row bucket the engine ran most often in both
-        shapes. Plain SSR decodes (one token per row); composed with speculation in the thinking,
+        (0.05: 5% slower per row), forward and host time (`step_ratio` at each row count), at the
+        tokens-per-row bucket the engine ran most often in both shapes. Plain SSR decodes (one token per row); composed with speculation in the thinking,
         parent and draft both verify several tokens per step, and rare one-token steps are no
         measure of those. `extra` > 1 shares the cost of several rows out evenly: on padded
         batches the row that crosses into the next batch bucket costs a step's worth and the rows

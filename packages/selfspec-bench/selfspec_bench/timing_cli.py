@@ -150,8 +150,13 @@ def step_grid(
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    _print_fit(model, check)
+
+
+def _print_fit(model, check: dict) -> None:
+    """A fitted step-cost model's coefficients, its fit error and its held-out check."""
     coef = ", ".join(f"{k} {v:.3g}" for k, v in model.coefficients.items())
-    console.print(f"{shape} on {model.device} ({model.dtype}): knee {model.knee} tokens; {coef}")
+    console.print(f"{model.shape} on {model.device} ({model.dtype}): knee {model.knee} tokens; {coef}")
     console.print(
         f"fit on {model.fit_error['points']} shapes: rms {model.fit_error['rms']:.1%}, max {model.fit_error['max_abs']:.1%}; "
         + (
@@ -180,9 +185,4 @@ def refit_grid_command(
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    coef = ", ".join(f"{k} {v:.3g}" for k, v in fitted.coefficients.items())
-    console.print(f"{fitted.shape} on {fitted.device}: knee {fitted.knee} tokens; {coef}")
-    console.print(
-        f"fit rms {fitted.fit_error['rms']:.1%}; held out {check['held_out']}: mean {check['mean_abs_error']:.1%}, "
-        f"max {check['max_abs_error']:.1%}, {check['within_10pct']} within 10%"
-    )
+    _print_fit(fitted, check)
