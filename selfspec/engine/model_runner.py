@@ -193,14 +193,15 @@ class ModelRunner:
             width = logits.shape[1]
             # One device-to-host copy per forward: the greedy tokens of every row. It also
             # orders this forward before the next one reuses the static output buffers.
-            top_host = top.cpu()
+            # One conversion to Python lists for the group: row by row costs ~3.5 us a row.
+            top_host = top[: len(group)].cpu().tolist()
             for row, i in enumerate(group):
                 n = chunks[i].num_logits
                 if n > 0:
                     if want_logits is None or want_logits[i]:
                         # A copy: static forwards share their output buffer across steps.
                         out.logits[i] = logits[row, width - n :].to(torch.float32, copy=True)
-                    out.argmax[i] = top_host[row, width - n :].tolist()
+                    out.argmax[i] = top_host[row][width - n :]
 
     def warm_up_graphs(
         self, batch_sizes: list[int], token_counts: list[int], max_cached: int, progress=None, verify: bool = True

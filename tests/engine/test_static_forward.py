@@ -9,13 +9,14 @@ routing and key buckets are checked for exactness against transformers' `generat
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk
 from selfspec.engine.sampling import SamplingParams
-from selfspec.engine.static_forward import GraphBuckets
+from selfspec.engine.static_forward import GraphBuckets, pack_rows
 from selfspec.llm import LLM
 from selfspec.spec.ssr import SSRConfig
 from selfspec.testing.reference import greedy_reference, random_prompts, run_to_finish
@@ -170,6 +171,47 @@ def test_padding_rows_route_to_the_scratch_slot():
     assert host[4, 0, 0] == 2
     assert (host[2, 1] == scratch).all() and (host[4, 1] == scratch).all()
     assert len(set(host[3, 1].tolist())) == 4  # padding writes land on distinct scratch positions
+
+
+def _pack_row_by_row(arr, chunks: list[Chunk], t: int, scratch: int) -> None:
+    """The step's input layout written the obvious way, one row at a time (the reference)."""
+    arr[0:2] = 0
+    arr[2] = scratch
+    arr[3] = np.arange(t)
+    arr[4] = scratch
+    for row, chunk in enumerate(chunks):
+        n = len(chunk.token_ids)
+        arr[0, row, t - n :] = chunk.token_ids
+        arr[1, row, t - n :] = np.arange(chunk.start, chunk.start + n)
+        arr[2, row, t - n :] = chunk.slot
+        arr[3, row, t - n :] = np.arange(chunk.start, chunk.start + n)
+        arr[4, row, :] = chunk.slot
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packing_every_path_matches_the_row_by_row_layout(seed):
+    """Decode steps, verifies of a few rows and of many rows take different packing paths; each
+    writes what the row-by-row reference writes, padding and stale contents included."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        b = int(rng.choice([1, 2, 8, 16, 32]))
+        t = int(rng.choice([1, 2, 8, 16]))
+        rows = int(rng.integers(0, b + 1))
+        width = 1 if rng.random() < 0.3 else t  # a third are decode steps
+        chunks = [
+            Chunk(
+                int(rng.integers(0, 64)),
+                int(rng.integers(0, 500)),
+                rng.integers(0, 999, int(rng.integers(1, width + 1))).tolist(),
+                1,
+            )
+            for _ in range(rows)
+        ]
+        packed = rng.integers(-9, 9, (5, b, t))  # stale contents of the reused host buffer
+        expected = packed.copy()
+        pack_rows(packed, chunks, t, scratch=77)
+        _pack_row_by_row(expected, chunks, t, scratch=77)
+        np.testing.assert_array_equal(packed, expected)
 
 
 def test_bucket_validation_and_key_buckets():
