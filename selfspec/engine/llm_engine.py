@@ -31,6 +31,7 @@ from selfspec.engine.sequence import FinishReason, Sequence, SequenceStatus
 from selfspec.engine.sizing import eos_ids, model_context_length, slots_from_free_memory
 from selfspec.engine.skinny_gemm import SkinnyGemmTable
 from selfspec.engine.step_costs import engine_step_costs
+from selfspec.engine.stop_strings import hits_stop_string
 from selfspec.engine.verify import VerifyResult, verify_proposal
 
 
@@ -563,7 +564,7 @@ class Engine:
                 reason, detail = FinishReason.STOP, "stop token"
             elif token in seq.eos_token_ids and not params.ignore_eos and produced >= params.min_tokens:
                 reason, detail = FinishReason.STOP, "eos"
-            elif params.stop and self._hits_stop_string(seq):
+            elif params.stop and hits_stop_string(self.tokenizer, seq):
                 reason, detail = FinishReason.STOP, "stop string"
             elif produced >= params.max_tokens:
                 reason, detail = FinishReason.LENGTH, "max_tokens"
@@ -573,22 +574,6 @@ class Engine:
                 self.finish(seq, reason, detail)
                 break
         return appended
-
-    def _hits_stop_string(self, seq: Sequence) -> bool:
-        """Whether the output's visible text now holds a stop string.
-
-        One text, one rule: stop strings match the text a client is shown — decoded with special
-        tokens hidden, as `LLM.result` and the server decode it — so a stop string that spans a
-        hidden token still stops generation, and a special token's own text never does.
-        """
-        if self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
-        longest = max(len(s) for s in seq.params.stop)
-        # A visible token decodes to >= 1 char in practice; hidden ones to none, so the window is
-        # twice the longest stop string plus slack for a few hidden tokens inside it.
-        window = seq.token_ids[max(seq.prompt_len, len(seq.token_ids) - 2 * longest - 16) :]
-        text = self.tokenizer.decode(window, skip_special_tokens=True)
-        return any(s in text for s in seq.params.stop)
 
 
 def _needs_logits(seq: Sequence) -> bool:

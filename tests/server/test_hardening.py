@@ -16,6 +16,7 @@ import pytest
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.llm_engine import Engine
 from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.stop_strings import hits_stop_string
 from selfspec.server import BackgroundServer, ServerConfig, create_app
 from selfspec.server.cli import build_defaults, default_served_name, load_llm
 from selfspec.server.connections import HeadTimeoutH11Protocol
@@ -45,10 +46,10 @@ def test_stop_strings_match_the_text_without_special_tokens(served):
     seq = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, stop=["yi"]))
     seq.token_ids.extend(y + [end] + i)
     assert tokenizer.decode(seq.output_ids, skip_special_tokens=True) == "yi"
-    assert engine._hits_stop_string(seq)
+    assert hits_stop_string(engine.tokenizer, seq)
     hidden = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, stop=["<|im_end|>"]))
     hidden.token_ids.extend(y + [end])
-    assert not engine._hits_stop_string(hidden)
+    assert not hits_stop_string(engine.tokenizer, hidden)
 
 
 def test_a_visible_stop_string_ends_generation_with_reason_stop(served, server):
