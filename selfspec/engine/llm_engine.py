@@ -564,7 +564,7 @@ class Engine:
                 reason, detail = FinishReason.STOP, "stop token"
             elif token in seq.eos_token_ids and not params.ignore_eos and produced >= params.min_tokens:
                 reason, detail = FinishReason.STOP, "eos"
-            elif params.stop and hits_stop_string(self.tokenizer, seq):
+            elif params.stop and hits_stop_string(self.tokenizer, seq.token_ids, seq.prompt_len, params.stop):
                 reason, detail = FinishReason.STOP, "stop string"
             elif produced >= params.max_tokens:
                 reason, detail = FinishReason.LENGTH, "max_tokens"

@@ -46,10 +46,10 @@ def test_stop_strings_match_the_text_without_special_tokens(served):
     seq = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, stop=["yi"]))
     seq.token_ids.extend(y + [end] + i)
     assert tokenizer.decode(seq.output_ids, skip_special_tokens=True) == "yi"
-    assert hits_stop_string(engine.tokenizer, seq)
+    assert hits_stop_string(engine.tokenizer, seq.token_ids, seq.prompt_len, seq.params.stop)
     hidden = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, stop=["<|im_end|>"]))
     hidden.token_ids.extend(y + [end])
-    assert not hits_stop_string(engine.tokenizer, hidden)
+    assert not hits_stop_string(engine.tokenizer, hidden.token_ids, hidden.prompt_len, hidden.params.stop)
 
 
 def test_a_visible_stop_string_ends_generation_with_reason_stop(served, server):
