@@ -68,7 +68,16 @@ def packing_us(engine: Engine, batch: int, reps: int = 2000) -> float:
 
 def measure(args: argparse.Namespace) -> list[dict]:
     tok = tiny_tokenizer()
-    model = tiny_model("llama", vocab_size=len(tok), num_layers=args.layers).to(args.device)
+    rows = []
+    for family in args.families:
+        model = tiny_model(family, vocab_size=len(tok), num_layers=args.layers).to(args.device)
+        rows += measure_family(args, family, model, tok)
+    return rows
+
+
+def measure_family(args: argparse.Namespace, family: str, model, tok) -> list[dict]:
+    """The rows of one model family: a hybrid's recurrent-state bookkeeping is host work a dense
+    model does not have."""
     rows = []
     for batch in args.batches:
         engine = Engine(model, tok, EngineConfig(num_slots=batch, max_len=512, static_shapes=True))
@@ -76,6 +85,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
         runs = [decode_batch(engine, batch, args.new_tokens) for _ in range(args.repeats)]
         wall, steps, phases = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
         row = {
+            "family": family,
             "batch": batch,
             "steps": steps,
             "step_ms": round(1e3 * wall / steps, 4),
@@ -90,7 +100,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    phases = [k for k in result["rows"][0] if k.endswith("_us_per_step") and k != "pack_us_per_step"]
+    phases = list(dict.fromkeys(k for r in result["rows"] for k in r if k.endswith("_us_per_step")))
+    phases.remove("pack_us_per_step")
     head = " | ".join(p.removesuffix("_us_per_step") + " µs" for p in phases)
     lines = [
         "# The host's part of a decode step by batch size",
@@ -98,15 +109,18 @@ def markdown(result: dict) -> str:
         f"`{result['command']}`",
         "",
         f"{result['device']}, torch {result['torch']}, Python {result['python']}, {result['date']}; tiny random-weight "
-        f"Llama ({result['layers']} layers), static-shape path, {result['new_tokens']} new tokens a row, median of "
+        f"models ({', '.join(result.get('families', ['llama']))}; {result['layers']} layers), static-shape path, {result['new_tokens']} new tokens a row, median of "
         f"{result['repeats']} runs.",
         "",
-        f"| batch | steps | step ms | {head} | input packing µs |",
-        "|---|---|---|" + "---|" * len(phases) + "---|",
+        f"| model | batch | steps | step ms | {head} | input packing µs |",
+        "|---|---|---|---|" + "---|" * len(phases) + "---|",
     ]
     for r in result["rows"]:
-        values = " | ".join(str(r[p]) for p in phases)
-        lines.append(f"| {r['batch']} | {r['steps']} | {r['step_ms']} | {values} | {r['pack_us_per_step']} |")
+        values = " | ".join(str(r.get(p, "")) for p in phases)
+        lines.append(
+            f"| {r.get('family', 'llama')} | {r['batch']} | {r['steps']} | {r['step_ms']} | {values} | "
+            f"{r['pack_us_per_step']} |"
+        )
     lines += ["", "Phases per step (`engine.host_phases`); input packing timed alone, inside the forward's time."]
     return "\n".join(lines) + "\n"
 
@@ -117,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument(
+        "--families",
+        default="llama",
+        type=lambda s: [f for f in s.split(",") if f],
+        help="tiny model families, comma-separated (llama; qwen3_5 for the hybrid's state bookkeeping)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -132,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "layers": args.layers,
+        "families": args.families,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "rows": rows,
