@@ -31,7 +31,8 @@ from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk
 from selfspec.engine.sampling import SamplingParams
 
-ALL_MODES = ("engine-graph", "engine-eager", "generate", "generate-static")
+# engine-graph-serial: the graph engine without decoding ahead (each step waits for the host's commit).
+ALL_MODES = ("engine-graph", "engine-graph-serial", "engine-eager", "generate", "generate-static")
 GRAPH: dict = {"cuda_graphs": True}  # --smoke on a CPU: the static path uncaptured instead
 
 
@@ -329,7 +330,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         GRAPH.clear()
-        GRAPH.update(static_shapes=True)
+        GRAPH.update(static_shapes=True, decode_ahead=True)
 
     import transformers
 
@@ -337,7 +338,11 @@ def main() -> None:
     from selfspec.thinking.format import ThinkingFormat, build_prompt_ids
 
     cuda = args.device.startswith("cuda")
-    modes = args.modes.split(",") if args.modes else [m for m in ALL_MODES if cuda or args.smoke or m != "engine-graph"]
+    modes = (
+        args.modes.split(",")
+        if args.modes
+        else [m for m in ALL_MODES if cuda or args.smoke or not m.startswith("engine-graph")]
+    )
     eager_repeats = args.eager_repeats or args.repeats
     t_load = time.perf_counter()
     if args.random_weights:
@@ -419,6 +424,14 @@ def main() -> None:
         static = engines["engine-graph"].runner.static
         meta["graph_stats_after_warmup"] = static.stats() if static is not None else None
         log(f"graphs captured: {meta['graph_stats_after_warmup']} ({captured:.1f}s)")
+    if "engine-graph-serial" in modes:
+        t0 = time.perf_counter()
+        serial = dict(GRAPH, decode_ahead=False)
+        engines["engine-graph-serial"] = Engine(
+            model, tok, EngineConfig(num_slots=max(batches), max_len=max_len, **serial)
+        )
+        engines["engine-graph-serial"].runner.warm_up_graphs(batches, [1, len(prompt_ids)], max_len)
+        meta["setup_seconds"]["engine-graph-serial capture+compile"] = round(time.perf_counter() - t0, 1)
 
     # Warm-up at every batch size: a batch's first prefill may run an eager forward of a shape
     # the compiled pieces have not seen (a recompile), which must not land in a timing.

@@ -44,6 +44,9 @@ class EngineConfig:
     # Static forwards: padded-minus-real tokens one replay may carry before rows are split
     # into another replay (a long verify chunk must not pad every decode row to its length).
     static_padding_budget: int = 128
+    # Plain greedy decode steps launched one ahead of the host (`engine.decode_ahead`; None: with
+    # CUDA graphs). Models with linear-attention layers never decode ahead.
+    decode_ahead: bool | None = None
 
     def validate(self) -> None:
         if self.num_slots < 0:

@@ -18,6 +18,7 @@ import torch
 
 from selfspec.engine.config import EngineConfig
 from selfspec.engine.constraint import ConstraintViolation, SequenceConstraint
+from selfspec.engine.decode_ahead import may_decode_ahead
 from selfspec.engine.fusion import compile_pointwise_modules, use_skinny_gemms
 from selfspec.engine.host_phases import HostPhases
 from selfspec.engine.host_threads import limit_host_threads
@@ -90,9 +91,7 @@ class Engine:
         padding = self.config.max_padding_ratio
         if padding is None:
             padding = 16.0 if device.type == "cuda" else 1.5
-        graphs = self.config.cuda_graphs
-        if graphs is None:
-            graphs = device.type == "cuda"
+        graphs = device.type == "cuda" if self.config.cuda_graphs is None else self.config.cuda_graphs
         if graphs and device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         snapshot_tokens = self._snapshot_tokens() if (graphs or self.config.static_shapes) else 0
@@ -100,9 +99,7 @@ class Engine:
             self.config.num_slots = slots_from_free_memory(
                 model, max_len, device, self.config.memory_fraction, snapshot_tokens=snapshot_tokens
             )
-        compile_pointwise = self.config.compile_pointwise
-        if compile_pointwise is None:
-            compile_pointwise = graphs
+        compile_pointwise = graphs if self.config.compile_pointwise is None else self.config.compile_pointwise
         if compile_pointwise:
             compile_pointwise_modules(model, backend=self.config.compile_backend)
         skinny = self.config.skinny_gemms
@@ -126,6 +123,7 @@ class Engine:
             slot_attention=graphs if self.config.slot_attention is None else self.config.slot_attention,
             static_padding_budget=self.config.static_padding_budget,
             state_snapshot_tokens=snapshot_tokens or None,
+            decode_ahead=graphs if self.config.decode_ahead is None else self.config.decode_ahead,
         )
         self.max_len = max_len
         self._max_proposal = self._proposal_cap()
@@ -355,7 +353,8 @@ class Engine:
         if not chunks:
             return failed
         started = time.perf_counter()
-        forward = self.runner.run(chunks, [_needs_logits(seq) for seq, _, _, _ in work])
+        want = [_needs_logits(seq) for seq, _, _, _ in work]
+        forward = self.runner.run(chunks, want, look_ahead=may_decode_ahead(self, work, want))
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
         ended = time.perf_counter()
         self.step_costs.observe([len(c.token_ids) for c in chunks], ended - started, started)

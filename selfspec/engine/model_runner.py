@@ -23,6 +23,7 @@ from selfspec.engine import cpu_linear, linear_attention
 from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.architecture import check_architecture
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
+from selfspec.engine.decode_ahead import DecodeAhead, InFlight
 from selfspec.engine.fusion import fused
 from selfspec.engine.kv_cache import SlotKVCache, layer_kv_shapes, model_kv_shape
 from selfspec.engine.state_cache import SlotStateCache
@@ -76,6 +77,7 @@ class ModelRunner:
         slot_attention: bool = False,
         static_padding_budget: int = 128,
         state_snapshot_tokens: int | None = None,
+        decode_ahead: bool = False,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -145,14 +147,23 @@ class ModelRunner:
         self.slot_attention = bool(
             slot_attention and self.static is not None and not self.kv_shared and slot_attention_glue.use_for(model)
         )
+        # Greedy decode steps launched before the previous one's tokens are read (`engine.decode_ahead`):
+        # static forwards over a position-indexed cache only.
+        self.ahead = (
+            DecodeAhead(self.static) if decode_ahead and self.static is not None and self.state is None else None
+        )
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk], want_logits: list[bool] | None = None) -> ForwardResult:
+    def run(
+        self, chunks: list[Chunk], want_logits: list[bool] | None = None, look_ahead: bool = False
+    ) -> ForwardResult:
         """Run every chunk; return per chunk its logits, greedy tokens and forward shape.
 
         `want_logits[i] = False` skips copying chunk i's logits out (greedy rows need only
-        the argmax): one kernel launch and allocation less per row and step.
+        the argmax): one kernel launch and allocation less per row and step. `look_ahead`: the
+        caller expects the same rows to decode one position further next (`engine.decode_ahead`),
+        so that forward is launched before this one's tokens are read.
         """
         for c in chunks:
             end = c.start + len(c.token_ids)
@@ -160,18 +171,49 @@ class ModelRunner:
                 raise ValueError("empty chunk")
             if end > self.max_len:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
+        if self.ahead is not None and (look_ahead or self.ahead.pending is not None):
+            ahead = self._run_ahead(chunks, want_logits, look_ahead)
+            if ahead is not None:
+                return ahead
         out = ForwardResult([None] * len(chunks), [None] * len(chunks), [""] * len(chunks))
         recorder = self.recorder
         started = time.perf_counter() if recorder is not None else 0.0
-        with contextlib.ExitStack() as scope:
-            if self.fused_pointwise:
-                scope.enter_context(fused())
-            if self.cpu_linears:
-                scope.enter_context(cpu_linear.weight_major_linears(self.cpu_linears))
+        with self._forward_scope():
             self._run_groups(chunks, out, want_logits)
         if recorder is not None:  # the greedy tokens' host copy has synchronised the device
             recorder.forward(chunks, want_logits, started, time.perf_counter())
         return out
+
+    def _forward_scope(self) -> contextlib.ExitStack:
+        """What every forward runs under: the compiled pointwise twins, the CPU's linears."""
+        scope = contextlib.ExitStack()
+        if self.fused_pointwise:
+            scope.enter_context(fused())
+        if self.cpu_linears:
+            scope.enter_context(cpu_linear.weight_major_linears(self.cpu_linears))
+        return scope
+
+    def _run_ahead(self, chunks: list[Chunk], want_logits: list[bool] | None, look_ahead: bool) -> ForwardResult | None:
+        """A decode step through `self.ahead`: the pending successor's result if it ran exactly
+        these chunks, else (when `look_ahead` and the step fits) one launched now; with
+        `look_ahead` its own successor goes out before the tokens are read. None: run as usual."""
+        ahead = self.ahead
+        flight: InFlight | None = ahead.take(chunks)
+        if flight is None:
+            shape = ahead.shape_for(chunks) if look_ahead and want_logits and not any(want_logits) else None
+            if shape is None:
+                return None
+            with self._forward_scope():
+                flight = ahead.launch(chunks, shape)
+        self.forwards += 1
+        if look_ahead:
+            with self._forward_scope():
+                ahead.launch_successor(flight)
+        tokens = dict(zip(flight.slots, ahead.tokens(flight)))
+        label = self._shape_labels.get(flight.shape)
+        if label is None:
+            label = self._shape_labels[flight.shape] = f"{flight.shape[0]}x1/k{flight.shape[2]}"
+        return ForwardResult([None] * len(chunks), [[tokens[c.slot]] for c in chunks], [label] * len(chunks))
 
     def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
         for group in self._group(chunks):

@@ -168,9 +168,16 @@ def graph_configs(device: str) -> dict[str, dict]:
             "graph": dict(cuda_graphs=True, compile_pointwise=False, slot_attention=False),
             "graph+compile": dict(cuda_graphs=True, compile_pointwise=True, slot_attention=False),
             "graph+compile+slot": dict(cuda_graphs=True, compile_pointwise=True, slot_attention=True),
+            "graph+compile+slot-no-ahead": dict(
+                cuda_graphs=True, compile_pointwise=True, slot_attention=True, decode_ahead=False
+            ),
         }
     # --device cpu: a smoke run of this script, the static path uncaptured.
-    return {"eager": dict(cuda_graphs=False), "static": dict(static_shapes=True)}
+    return {
+        "eager": dict(cuda_graphs=False),
+        "static": dict(static_shapes=True),
+        "static+ahead": dict(static_shapes=True, decode_ahead=True),
+    }
 
 
 def check_tiny(device: str) -> None:
@@ -200,6 +207,7 @@ def check_tiny(device: str) -> None:
                 static=stats,
                 eager_forwards=engine.runner.eager_forwards,
                 forwards=engine.runner.forwards,
+                decode_ahead=engine.runner.ahead.stats() if engine.runner.ahead is not None else None,
             )
 
 

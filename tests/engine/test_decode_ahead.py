@@ -1,0 +1,134 @@
+"""Decoding one step ahead (`engine.decode_ahead`) gives the same tokens as stepping one at a time.
+
+The successor forward is launched from the device's inputs and argmax before the host reads the
+step's tokens; when the next step is something else (a row finished on EOS or `max_tokens`, a
+request arrived or was aborted) it is dropped. On a CPU the static path runs uncaptured, so the
+bookkeeping — matching, dropping, K/V written past a row's end — is checked here in fp32 against
+the same engine without lookahead and against transformers' greedy decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from selfspec.engine.llm_engine import Engine, EngineConfig
+from selfspec.engine.model_runner import Chunk
+from selfspec.engine.policy import SequencePolicy
+from selfspec.engine.sampling import SamplingParams
+from selfspec.engine.schedule import ScheduleRecorder
+from selfspec.engine.static_forward import GraphBuckets
+from selfspec.testing.reference import greedy_reference, random_prompts
+from selfspec.testing.tiny import tiny_model
+
+VOCAB = 128
+BUCKETS = GraphBuckets(batch=(1, 2, 4, 8), tokens=(1, 2, 4, 8), min_keys=8)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def model(request):
+    kwargs = {"sliding_window": 8} if request.param == "gemma3" else {}
+    return tiny_model(request.param, VOCAB, seed=3, num_layers=2, **kwargs)
+
+
+def engine_for(model, ahead: bool, eos: list[int] | None = None, slots: int = 4) -> Engine:
+    cfg = EngineConfig(
+        num_slots=slots, max_len=96, static_shapes=True, graph_buckets=BUCKETS, prefill_chunk=16, decode_ahead=ahead
+    )
+    return Engine(model, None, cfg, eos_token_ids=eos or [])
+
+
+def drive(engine: Engine, arrivals: dict[int, list[tuple[list[int], int]]], aborts: dict[int, int]) -> list:
+    """Step until done; at step i add the requests `arrivals[i]` (prompt, max_tokens) and abort
+    the `aborts[i]`-th request added so far."""
+    seqs, step = [], 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for prompt, max_tokens in arrivals.get(step, []):
+            seqs.append(engine.add_request(prompt, SamplingParams(max_tokens=max_tokens)))
+        if step in aborts:
+            engine.abort_request(seqs[aborts[step]].request_id)
+        engine.step()
+        step += 1
+    return seqs
+
+
+def test_lookahead_matches_plain_stepping_through_arrivals_finishes_and_aborts(model):
+    prompts = random_prompts([5, 9, 3, 12, 7, 4], VOCAB, seed=11)
+    arrivals = {
+        0: [(prompts[0], 40), (prompts[1], 25)],
+        6: [(prompts[2], 30)],
+        19: [(prompts[3], 33), (prompts[4], 12)],  # 4 slots: one waits for a free slot
+        30: [(prompts[5], 20)],
+    }
+    aborts = {24: 2}
+    # Token 7 ends some rows early (EOS is unknown when the successor is launched).
+    outputs = {}
+    for ahead in (False, True):
+        engine = engine_for(model, ahead, eos=[7])
+        seqs = drive(engine, arrivals, aborts)
+        outputs[ahead] = [(s.output_ids, s.finish_reason) for s in seqs]
+        if ahead:
+            stats = engine.runner.ahead.stats()
+            assert stats["used"] > 20 and stats["dropped"] >= 1, stats
+        else:
+            assert engine.runner.ahead is None
+    assert outputs[True] == outputs[False]
+
+
+def test_lookahead_equals_transformers_greedy(model):
+    prompts = random_prompts([6, 10, 3], VOCAB, seed=5)
+    engine = engine_for(model, True)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, (50, 31, 44))]
+    while engine.has_unfinished():
+        engine.step()
+    for p, s in zip(prompts, seqs):
+        assert s.output_ids == greedy_reference(model, p, len(s.output_ids))
+    stats = engine.runner.ahead.stats()
+    # Most decode steps ran ahead; the steps that crossed into an unbuilt key bucket did not.
+    assert stats["used"] >= 30, stats
+
+
+def test_no_lookahead_for_policies_recorders_or_sampled_rows(model):
+    class NeverProposes(SequencePolicy):
+        """A policy row: it may propose or force tokens at any step, so nothing runs ahead."""
+
+        def propose(self, engine, seq, room):
+            return None
+
+    (prompt,) = random_prompts([8], VOCAB, seed=2)
+    engine = engine_for(model, True)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=30, ignore_eos=True), policy=NeverProposes())
+    sampled = engine.add_request(prompt, SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.runner.ahead.launched == 0 and seq.num_output_tokens == 30 and sampled.num_output_tokens == 30
+
+    engine = engine_for(model, True)
+    engine.runner.recorder = ScheduleRecorder()
+    engine.add_request(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.runner.ahead.launched == 0
+
+
+def test_models_with_linear_attention_never_decode_ahead():
+    hybrid = tiny_model("qwen3_5", VOCAB, seed=0, num_layers=2)
+    engine = engine_for(hybrid, True)
+    assert engine.runner.ahead is None
+
+
+def test_a_step_that_feeds_another_token_does_not_take_the_successor(model):
+    """The successor fed the argmax; a caller that feeds something else at that position gets
+    that token's forward, as without lookahead."""
+    (prompt,) = random_prompts([3], VOCAB, seed=9)  # every step within key bucket 8
+    results = {}
+    for ahead in (False, True):
+        runner = engine_for(model, ahead).runner
+        runner.run([Chunk(0, 0, prompt, 1)], [False])
+        first = runner.run([Chunk(0, len(prompt), [5], 1)], [False], look_ahead=True)
+        other = (first.argmax[0][0] + 1) % VOCAB
+        second = runner.run([Chunk(0, len(prompt) + 1, [other], 1)], [False], look_ahead=True)
+        third = runner.run([Chunk(0, len(prompt) + 2, second.argmax[0], 1)], [False])
+        results[ahead] = (first.argmax, second.argmax, third.argmax)
+        if ahead:
+            assert runner.ahead.stats() == {"launched": 2, "used": 1, "dropped": 1}
+    assert results[True] == results[False]
