@@ -24,11 +24,11 @@ def _llm(max_step_tokens):
     fed: list[list[int]] = []
     run = llm.engine.runner.run
 
-    def recording_run(chunks, needs_logits):
+    def recording_run(chunks, needs_logits, **kwargs):
         # Decode/verify rows only (every fed token gets logits); steps with a prompt chunk are skipped.
         if all(c.num_logits == len(c.token_ids) for c in chunks):
             fed.append([len(c.token_ids) for c in chunks])
-        return run(chunks, needs_logits)
+        return run(chunks, needs_logits, **kwargs)
 
     llm.engine.runner.run = recording_run
     return llm, fed
