@@ -176,10 +176,7 @@ def recurrent_rule(query, key, value, g, beta, initial_state, keep_states: bool)
     Returns (out [B, T, H, Dv], final state, [S_0, ..., S_T] or None).
     """
     initial_dtype = query.dtype
-    num_k_heads, num_v_heads = key.shape[2], value.shape[2]
-    if num_k_heads != num_v_heads:
-        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+    query, key = value_heads(query, key, value)
     query, key, value, beta, decay = [
         x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format) for x in (query, key, value, beta, g)
     ]
@@ -199,6 +196,18 @@ def recurrent_rule(query, key, value, g, beta, initial_state, keep_states: bool)
         if states is not None:
             states.append(state)
     return out.transpose(1, 2).contiguous().to(initial_dtype), state, states
+
+
+def value_heads(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query and key heads repeated up to the value heads (Qwen3.5-4B: 16 key, 32 value heads).
+    transformers 5.24 does this inside its torch delta rules, 5.17 (the GPU machine's) does not,
+    so the engine does it before calling them."""
+    num_k_heads, num_v_heads = key.shape[2], value.shape[2]
+    if num_k_heads == num_v_heads:
+        return query, key
+    return query.repeat_interleave(num_v_heads // num_k_heads, dim=2), key.repeat_interleave(
+        num_v_heads // num_k_heads, dim=2
+    )
 
 
 def _chunk_rule(module) -> Callable:
@@ -321,8 +330,7 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
         core, final, _ = recurrent_rule(query, key, value, g, beta, rec_state, False)
     else:
         core, final = _chunk_rule(module)(
-            query,
-            key,
+            *value_heads(query, key, value),
             value,
             g=g,
             beta=beta,

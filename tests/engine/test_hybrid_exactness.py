@@ -262,3 +262,29 @@ def test_fused_pointwise_path_is_exact(family):
     seqs = [engine.add_request(p, SamplingParams(max_tokens=14), policy=pol) for p, pol in zip(ps, policies)]
     run(engine, seqs)
     assert [s.output_ids for s in seqs] == refs
+
+
+def test_chunked_rule_gets_as_many_key_as_value_heads(monkeypatch):
+    """transformers 5.17's torch chunked delta rule assumes the key heads were already repeated up
+    to the value heads (5.24's repeats them itself): the engine repeats them before the call, so a
+    prompt prefilled by it matches `generate` under either version."""
+    import sys
+
+    model = tiny_model("qwen3_5", 128, seed=2, num_layers=2)
+    modeling = sys.modules[type(model).__module__]
+    rule = modeling.torch_chunk_gated_delta_rule
+    calls = []
+
+    def strict(query, key, value, *args, **kwargs):
+        calls.append((key.shape[2], value.shape[2]))
+        assert key.shape[2] == value.shape[2], "key heads not repeated to the value heads"
+        return rule(query, key, value, *args, **kwargs)
+
+    (prompt,) = random_prompts([12], 128, seed=4)
+    want = greedy_reference(model, prompt, 8)
+    monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule", strict)
+    engine = Engine(model, None, EngineConfig(num_slots=2, max_len=64), eos_token_ids=[])
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    run_to_finish(engine, [seq])
+    assert calls and all(k == v for k, v in calls)
+    assert seq.output_ids == want
