@@ -186,3 +186,72 @@ def refit_grid_command(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     _print_fit(fitted, check)
+
+
+@app.command("replay-check")
+def replay_check(
+    inputs: list[str] = typer.Argument(..., help="JSONL records written by `selfspec bench replay`."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Also write the figures here."),
+) -> None:
+    """Replayed against measured: per mode the speedup over the baseline both ways and each
+    record's projected-latency error (the replay's validation when the shape is the recording one)."""
+    import json
+
+    from selfspec_bench.jsonl import read_jsonl
+    from selfspec_bench.replay_validation import agreement_by_benchmark
+
+    try:
+        records = [r for path in inputs for r in read_jsonl(Path(path))]
+        results = agreement_by_benchmark(records)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    for benchmark, result in results.items():
+        console.print(
+            f"{benchmark}, {result['records']} records: projected latency within {result['mean_abs_error']:.1%} of "
+            f"measured on average (max {result['max_abs_error']:.1%})"
+        )
+        for mode, row in result["modes"].items():
+            speed = (
+                f"speedup measured {row['measured_speedup']:.3f}x, projected {row['projected_speedup']:.3f}x "
+                f"({row['speedup_difference']:+.3f}); "
+                if "speedup_difference" in row
+                else ""
+            )
+            console.print(
+                f"  {mode}: {speed}record error mean {row['mean_abs_error']:.1%}, max {row['max_abs_error']:.1%}",
+                soft_wrap=True,
+            )
+    if json_out:
+        Path(json_out).write_text(json.dumps({"inputs": inputs, "benchmarks": results}, indent=1) + "\n")
+
+
+@app.command("check-cost-model")
+def check_cost_model(
+    model: str = typer.Argument(..., help="A <shape>_cost_model.json (`selfspec bench step-grid` or `refit-grid`)."),
+    grid: str = typer.Argument(..., help="A <shape>_grid.json measured in another run, none of it fitted."),
+    tolerance: float = typer.Option(0.10, "--tolerance", min=0.0, help="Relative error counted as within."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Also write the per-point errors here."),
+) -> None:
+    """A fitted step-cost model against every point of a grid from another run: the out-of-sample
+    test of a model whose form was chosen on its own grid."""
+    import json
+
+    from selfspec_bench.replay_validation import cost_model_check, grid_points, load_model
+
+    try:
+        fitted = load_model(Path(model))
+        record = json.loads(Path(grid).read_text())
+        result = cost_model_check(fitted, grid_points(record), tolerance)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    if fitted.shape and record.get("shape") and fitted.shape != record["shape"]:
+        console.print(f"[yellow]warning:[/] the model is of {fitted.shape}, the grid of {record['shape']}")
+    worst = result["worst"]
+    console.print(
+        f"{result['within']} of {result['points']} shapes within {tolerance:.0%}; mean {result['mean_abs_error']:.1%}, "
+        f"max {result['max_abs_error']:.1%} ({worst['rows']}x{worst['tokens']} at {worst['keys']} keys)"
+    )
+    if json_out:
+        Path(json_out).write_text(json.dumps({"model": model, "grid": grid, **result}, indent=1) + "\n")
