@@ -124,7 +124,8 @@ class Tracer:
         run, copy_slot, add_request = runner.run, runner.copy_slot, engine.add_request
         first: list = []
 
-        def traced_run(chunks, want_logits=None):
+        def traced_run(chunks, want_logits=None, look_ahead=False):
+            # Every row's logits, so no step decodes ahead (`engine.decode_ahead` skips steps that read logits).
             forward = run(chunks, [True] * len(chunks))
             if first and first[0].slot is not None:
                 trace.slot = first[0].slot  # the request's slot (released, set to None, at its end)
