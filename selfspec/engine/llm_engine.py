@@ -357,7 +357,8 @@ class Engine:
         forward = self.runner.run(chunks, want, look_ahead=may_decode_ahead(self, work, want))
         # The runner's host copy of the greedy tokens has synchronised the device: wall time is the step's.
         ended = time.perf_counter()
-        self.step_costs.observe([len(c.token_ids) for c in chunks], ended - started, started)
+        if not self.runner.overlapped:  # a forward launched a step earlier: its wait is not its cost
+            self.step_costs.observe([len(c.token_ids) for c in chunks], ended - started, started)
         self.steps += 1
         prepare_verifies(self, verify_groups([(s, forward.argmax[i], p) for i, (s, _, p, _) in enumerate(work) if p]))
         events: list[tuple[StepEvent, StepOutcome]] = []

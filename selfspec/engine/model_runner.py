@@ -152,6 +152,8 @@ class ModelRunner:
         self.ahead = (
             DecodeAhead(self.static) if decode_ahead and self.static is not None and self.state is None else None
         )
+        # Whether the last `run` took a forward launched during the step before (its wait is not its cost).
+        self.overlapped = False
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -171,6 +173,7 @@ class ModelRunner:
                 raise ValueError("empty chunk")
             if end > self.max_len:
                 raise ValueError(f"chunk ends at position {end}, beyond the cache length {self.max_len}")
+        self.overlapped = False
         if self.ahead is not None and (look_ahead or self.ahead.pending is not None):
             ahead = self._run_ahead(chunks, want_logits, look_ahead)
             if ahead is not None:
@@ -199,6 +202,7 @@ class ModelRunner:
         `look_ahead` its own successor goes out before the tokens are read. None: run as usual."""
         ahead = self.ahead
         flight: InFlight | None = ahead.take(chunks)
+        self.overlapped = flight is not None
         if flight is None:
             shape = ahead.shape_for(chunks) if look_ahead and want_logits and not any(want_logits) else None
             if shape is None:

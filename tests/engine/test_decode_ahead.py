@@ -85,6 +85,8 @@ def test_lookahead_equals_transformers_greedy(model):
     stats = engine.runner.ahead.stats()
     # Most decode steps ran ahead; the steps that crossed into an unbuilt key bucket did not.
     assert stats["used"] >= 30, stats
+    # A step that took a forward launched a step earlier waited for part of it only: not a cost sample.
+    assert 0 < engine.step_costs.version <= engine.steps - stats["used"]
 
 
 def test_no_lookahead_for_policies_recorders_or_sampled_rows(model):
