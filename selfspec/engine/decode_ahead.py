@@ -96,11 +96,6 @@ class DecodeAhead:
         self.dropped += 1
         return None
 
-    def drop(self) -> None:
-        if self.pending is not None:
-            self.pending = None
-            self.dropped += 1
-
     # ------------------------------------------------------------------ launching
     def launch(self, chunks: list["Chunk"], shape: tuple[int, int, int]) -> InFlight:
         """Run `chunks` (a decode step) in `shape` without waiting for its tokens."""
