@@ -59,6 +59,34 @@ def test_queue_runs_from_a_snapshot_and_collects(tmp_path: Path):
         assert "q_demo/status.tsv" in archive.getnames()
 
 
+def test_queues_given_together_run_one_after_another(tmp_path: Path):
+    """One `start` with several files chains them: the second queue's first line starts after the
+    first queue is done, each from its own snapshot with its own output, and `collect` waits for both."""
+    repo = tmp_path / "repo"
+    (repo / "tools" / "gpu").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "tools" / "gpu" / "device_queue.sh")
+    (repo / "q_first.txt").write_text("sleep 1; date +%s%N > $Q_OUT/end.txt\n")
+    (repo / "q_second.txt").write_text("date +%s%N > $Q_OUT/start.txt; basename $PWD > $Q_OUT/tree.txt\n")
+    env = {
+        **os.environ,
+        "DEVICE_QUEUE_ROOT": str(tmp_path / "out"),
+        "DEVICE_QUEUE_TREES": str(tmp_path / "trees"),
+        "OUT": str(tmp_path / "collected"),
+    }
+    (tmp_path / "collected").mkdir()
+    subprocess.run(
+        ["bash", "tools/gpu/device_queue.sh", "start", "0", "q_first.txt", "q_second.txt"], cwd=repo, env=env, check=True
+    )
+    (repo / "tools" / "gpu" / "device_queue.sh").write_text("exit 9\n")  # a later call re-copies the checkout
+    result = subprocess.run(["bash", str(SCRIPT), "collect", "30"], env=env, capture_output=True, text=True, check=True)
+    assert "== q_first: done" in result.stdout and "== q_second: done" in result.stdout
+    out = tmp_path / "out"
+    assert int((out / "q_second" / "start.txt").read_text()) >= int((out / "q_first" / "end.txt").read_text())
+    assert (out / "q_second" / "tree.txt").read_text().strip() == "q_second"
+    with tarfile.open(tmp_path / "collected" / "q_second.tgz") as archive:
+        assert "q_second/start.txt" in archive.getnames()
+
+
 def _archive(tmp_path: Path, queue_name: str, files: dict[str, str]) -> Path:
     """A queue's output as `collect` returns it: <queue>.tgz holding <queue>/..."""
     queue = tmp_path / "q" / queue_name

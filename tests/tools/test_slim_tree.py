@@ -25,6 +25,8 @@ def _repo(tmp_path: Path) -> Path:
         "packages/selfspec-weights/w/adapters/old/adapter_model.safetensors": b"o" * 64,
         "packages/selfspec-weights/w/drafts/draft-l8/adapter_model.safetensors": b"d" * 64,
         "benchmarks/cospec/arbitrator/head.safetensors": b"h" * 64,
+        "benchmarks/topic/records/h100/run.jsonl.gz": b"r" * 64,
+        "benchmarks/topic/README.md": b"topic\n",
         "README.md": b"project\n",
     }
     for name, data in files.items():
@@ -62,3 +64,17 @@ def test_out_without_names_is_refused(tmp_path: Path):
     run = subprocess.run(["bash", str(SCRIPT), "out"], cwd=repo, capture_output=True, text=True)
     assert run.returncode == 2 and "usage" in run.stderr
     assert (repo / "packages/selfspec-weights/w/adapters/old/adapter_model.safetensors").exists()
+
+
+def test_records_leave_with_the_flag_and_come_back(tmp_path: Path):
+    repo = _repo(tmp_path)
+    record = repo / "benchmarks/topic/records/h100/run.jsonl.gz"
+    subprocess.run(["bash", str(SCRIPT), "out", "keep-me"], cwd=repo, check=True, capture_output=True)
+    assert record.exists()  # without --records the records stay
+    subprocess.run(["bash", str(SCRIPT), "out", "--records", "__none__"], cwd=repo, check=True, capture_output=True)
+    assert not record.exists() and (repo / "benchmarks/topic/README.md").exists()
+    assert not (repo / "packages/selfspec-weights/w/adapters/keep-me/adapter_model.safetensors").exists()
+    assert _git(repo, "status", "--short") == ""
+    subprocess.run(["bash", str(SCRIPT), "in"], cwd=repo, check=True, capture_output=True)
+    assert record.read_bytes() == b"r" * 64
+    assert _git(repo, "status", "--short") == "" and "S " not in _git(repo, "ls-files", "-v")

@@ -2,8 +2,9 @@
 # Queues of long runs on the lent GPU machine that outlive the 10-minute `device` call.
 #
 #   source tools/gpu/device_setup.sh
-#   bash tools/gpu/device_queue.sh start GPU QUEUE_FILE   # returns at once; runs the file's
-#                                                         # commands one after another on GPU
+#   bash tools/gpu/device_queue.sh start GPU QUEUE_FILE [QUEUE_FILE ...]
+#                                                         # returns at once; runs the files' commands
+#                                                         # one after another on GPU, file after file
 #   bash tools/gpu/device_queue.sh collect SECONDS        # waits while queues run (at most
 #                                                         # SECONDS), packing /tmp/out/<queue>/
 #                                                         # into $OUT/<queue>.tgz every 20 s
@@ -19,6 +20,9 @@
 # .txt). Each command's output goes to $Q_OUT/logs/NN.log; $Q_OUT/status.tsv records
 # start, end and exit code per line; a failing command does not stop the queue.
 #
+# Several files given to one `start` run as a chain: the second starts when the first is done, so
+# one call can set up a whole GPU block; each has its own $Q_OUT, logs and `done`.
+#
 # Commands run in a snapshot of the tree taken at `start` (/tmp/q_tree/<queue>, `.device`
 # linked), not in the checkout: every later device call re-copies the checkout, and a command
 # that starts while that copy is under way can import half-written modules
@@ -28,15 +32,30 @@ root=${DEVICE_QUEUE_ROOT:-/tmp/out}  # overridable for tests
 trees=${DEVICE_QUEUE_TREES:-/tmp/q_tree}
 case "${1:-}" in
   start)
-    gpu=$2; queue=$3; name=$(basename "$queue" .txt); qout=$root/$name
-    mkdir -p "$qout/logs"; cp "$queue" "$qout/queue.txt"
-    src=$(pwd); tree=$trees/$name
-    rm -rf "$tree"; mkdir -p "$tree"
-    tar -C "$src" --exclude=./.device -cf - . | tar -C "$tree" -xf -
-    [ -e "$src/.device" ] && ln -s "$src/.device" "$tree/.device"
-    self=$(realpath --relative-to="$src" "$0")  # this script's place in the tree, e.g. tools/gpu/device_queue.sh
-    (cd "$tree" && setsid nohup bash "$self" _run "$gpu" "$qout" >"$qout/logs/queue.log" 2>&1 < /dev/null &)
-    echo "device_queue: started $name on GPU $gpu (logs in $qout/logs)"
+    gpu=$2; shift 2
+    [ $# -gt 0 ] || { echo "usage: device_queue.sh start GPU QUEUE_FILE [QUEUE_FILE ...]" >&2; exit 2; }
+    src=$(pwd); self=$(realpath --relative-to="$src" "$0")  # this script's place in the tree
+    chain=()
+    for queue in "$@"; do
+      name=$(basename "$queue" .txt); qout=$root/$name; tree=$trees/$name
+      mkdir -p "$qout/logs"; cp "$queue" "$qout/queue.txt"
+      rm -rf "$tree"; mkdir -p "$tree"
+      tar -C "$src" --exclude=./.device -cf - . | tar -C "$tree" -xf -
+      [ -e "$src/.device" ] && ln -s "$src/.device" "$tree/.device"
+      chain+=("$tree" "$qout")
+    done
+    # The chain runs the first snapshot's copy of this script: bash reads a script as it goes, and a
+    # later call re-copies the checkout's.
+    first_tree=${chain[0]}; first_qout=${chain[1]}
+    setsid nohup bash "$first_tree/$self" _chain "$gpu" "$self" "${chain[@]}" >"$first_qout/logs/queue.log" 2>&1 < /dev/null &
+    echo "device_queue: started $* on GPU $gpu (logs in $root/<queue>/logs)"
+    ;;
+  _chain)
+    gpu=$2; self=$3; shift 3
+    while [ $# -ge 2 ]; do
+      (cd "$1" && bash "$self" _run "$gpu" "$2")
+      shift 2
+    done
     ;;
   _run)
     gpu=$2; qout=$3; n=0
