@@ -167,7 +167,8 @@ def may_decode_ahead(engine: "Engine", work: list[tuple], want_logits: list[bool
     runner launches that step before this one's tokens are read. False where the next step will
     be something else: a row that feeds more than its pending token or reaches `max_tokens` or
     the cache end, a policy that may propose or force tokens, a grammar, logits the commit
-    reads, a waiting request that a free slot would admit."""
+    reads, a waiting request that a free slot would admit. A row with a policy goes ahead only
+    where the policy says its next step is a plain decode (plain thinking under caps)."""
     runner = engine.runner
     if runner.ahead is None or runner.recorder is not None or not work or any(want_logits):
         return False
@@ -175,7 +176,9 @@ def may_decode_ahead(engine: "Engine", work: list[tuple], want_logits: list[bool
     if scheduler.num_waiting and scheduler.slots.num_free:
         return False
     for seq, fed, proposal, mask in work:
-        if fed != 1 or proposal is not None or mask is not None or seq.policy is not None:
+        if fed != 1 or proposal is not None or mask is not None:
+            return False
+        if seq.policy is not None and not seq.policy.plain_next_step(seq):
             return False
         if seq.constraint is not None or seq.num_cached + 1 != len(seq.token_ids):
             return False

@@ -113,6 +113,14 @@ class SequencePolicy:
     def on_step(self, engine: Engine, seq: Sequence, outcome: StepOutcome) -> None:
         """Called after a step committed tokens to `seq` (not called once it finished)."""
 
+    def plain_next_step(self, seq: Sequence) -> bool:
+        """Whether the next step will most likely be a plain one-token decode of `seq`, with no
+        proposal, forced token, fork or custom verify: then the engine may launch it before this
+        step's token is read (`engine.decode_ahead`). A wrong True costs a dropped forward, never
+        a token (the engine takes a launched step only if it fed exactly what the next step
+        feeds). Base: False, since a subclass that proposes may not say so."""
+        return False
+
     def on_finish(self, engine: Engine, seq: Sequence) -> None:
         """Called once when `seq` finishes, is cancelled or fails."""
 

@@ -134,6 +134,11 @@ class ThinkingPolicy(SequencePolicy):
     def on_step(self, engine: "Engine", seq: "Sequence", outcome: StepOutcome) -> None:
         self._consume(engine, seq)
 
+    def plain_next_step(self, seq: "Sequence") -> bool:
+        """Plain thinking (no proposer, not a method's subclass) decodes one token a step until a
+        cap: the step that reaches one forces the close of thinking or ends the answer."""
+        return type(self) is ThinkingPolicy and self.proposer is None and self._room_in_phase() > 1
+
     def on_finish(self, engine: "Engine", seq: "Sequence") -> None:
         try:
             self._consume(None, seq)

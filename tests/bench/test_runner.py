@@ -246,3 +246,43 @@ def test_records_say_whether_other_processes_shared_the_gpu(tmp_path: Path, monk
     assert next(answers, "used up") == "used up"
     monkeypatch.undo()
     assert cli.co_tenant_probe("cpu") is None
+
+
+def test_records_say_how_many_steps_decoded_ahead(tmp_path: Path):
+    """A schedule recorder turns decoding ahead off (its forwards must run one at a time), so the
+    plain baseline of a run with schedules decodes serially: each record says how many of its
+    steps took a forward launched one ahead (None: off), alone and in a batch."""
+    from selfspec.engine.config import EngineConfig
+    from selfspec.engine.static_forward import GraphBuckets
+    from selfspec.llm import LLM
+    from selfspec.testing.tiny import tiny_model, tiny_tokenizer
+    from selfspec_bench.datasets.sample import BenchSample, user_message
+    from selfspec_bench.modes import BenchSettings
+
+    tok = tiny_tokenizer()
+    model = tiny_model("qwen3", len(tok), seed=3, eos_token_id=tok.eos_token_id)
+    buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8, 16), min_keys=16)
+    config = EngineConfig(num_slots=4, max_len=256, static_shapes=True, graph_buckets=buckets, decode_ahead=True)
+    llm = LLM.from_model(model, tok, engine_config=config)
+    samples = [BenchSample(f"s/{i}", "s", user_message(f"Write class number {i}")) for i in range(2)]
+    settings = BenchSettings(cot_cap=24, answer_cap=16, draft_budget=8, max_draft_len=16)
+
+    def steps(record_schedule: bool, concurrency: int, name: str) -> dict[str, list]:
+        s = BenchSettings(**{**settings.__dict__, "concurrency": concurrency})
+        records = runner.run_bench(
+            llm,
+            samples,
+            ["baseline", "prompt-lookup"],
+            s,
+            tmp_path / name,
+            progress=False,
+            record_schedule=record_schedule,
+        )
+        return {m: [r["decode_ahead_steps"] for r in records if r["mode"] == m] for m in ("baseline", "prompt-lookup")}
+
+    alone = steps(False, 1, "alone.jsonl")
+    assert all(n > 0 for n in alone["baseline"]) and alone["prompt-lookup"] == [0, 0]
+    batched = steps(False, 2, "batched.jsonl")
+    assert all(n > 0 for n in batched["baseline"])
+    recorded = steps(True, 1, "recorded.jsonl")
+    assert recorded["baseline"] == [None, None] and recorded["prompt-lookup"] == [None, None]

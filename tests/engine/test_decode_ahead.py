@@ -134,3 +134,34 @@ def test_a_step_that_feeds_another_token_does_not_take_the_successor(model):
         if ahead:
             assert runner.ahead.stats() == {"launched": 2, "used": 1, "dropped": 1}
     assert results[True] == results[False]
+
+
+def test_plain_thinking_under_caps_decodes_ahead_and_gives_the_same_tokens():
+    """Plain thinking requests (a cap on the thinking and on the answer, no speculation) decode
+    ahead: the policy says its next step is a plain decode until a cap is one token away, where it
+    forces the close of thinking or ends the answer. Same tokens, phases and cap closes as the
+    serial engine, with a speculating request beside them (whose steps decode serially)."""
+    from selfspec.llm import LLM
+    from selfspec.testing.tiny import tiny_tokenizer
+    from selfspec.thinking.policy import ThinkingLimits
+
+    tok = tiny_tokenizer()
+    tiny = tiny_model("qwen3", len(tok), seed=3, eos_token_id=tok.eos_token_id)
+    prompts = ["Write a counter class", "List three primes", "Sort these words"]
+    runs = {}
+    for ahead in (False, True):
+        config = EngineConfig(
+            num_slots=4, max_len=160, static_shapes=True, graph_buckets=BUCKETS, prefill_chunk=16, decode_ahead=ahead
+        )
+        llm = LLM.from_model(tiny, tok, engine_config=config)
+        limits = ThinkingLimits(cot_cap=20, answer_cap=12, fixed_length=True)
+        alone = llm.generate(prompts, SamplingParams(max_tokens=60), spec=None, limits=limits, thinking=True)
+        beside = llm.generate(prompts[:2], SamplingParams(max_tokens=60), spec=None, limits=limits, thinking=True)
+        looked_up = llm.generate(prompts[2:], SamplingParams(max_tokens=60), spec="ngram", limits=limits)
+        runs[ahead] = [(r.token_ids, r.metrics["thinking_closed_by"], r.metrics["cot_tokens"]) for r in alone + beside]
+        runs[ahead].append(looked_up[0].token_ids)
+        if ahead:
+            stats = llm.engine.runner.ahead.stats()
+            assert stats["used"] >= 30, stats
+    assert runs[True] == runs[False]
+    assert all(closed_by == "cap" and cot == 20 for _, closed_by, cot in runs[True][:-1])

@@ -27,6 +27,7 @@ from selfspec.thinking.policy import ThinkingLimits
 from selfspec_bench.datasets import BenchSample
 from selfspec_bench.degeneration import distinct_ngram_ratio, loop_kind
 from selfspec_bench.end_of_text import end_of_text_fields
+from selfspec_bench.engine_counters import compiled_graph_count, decode_ahead_taken
 from selfspec_bench.jsonl import append_jsonl, iter_jsonl
 from selfspec_bench.modes import EXTERNAL_MODES, SKIPPED, BenchSettings, spec_for
 from selfspec_bench.scoring import score as score_sample
@@ -61,23 +62,14 @@ def run_engine_mode(llm: LLM, sample: BenchSample, mode: str, s: BenchSettings) 
     _sync(llm)
     compiled = compiled_graph_count()
     llm.engine.host_phases.reset()
+    ahead = decode_ahead_taken(llm)
     start = time.perf_counter()
     (r,) = llm.generate([sample.messages], _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
     _sync(llm)
     record = _engine_record(r, time.perf_counter() - start, llm)
     record["compiled_graphs"] = compiled_graph_count() - compiled
+    record["decode_ahead_steps"] = None if ahead is None else decode_ahead_taken(llm) - ahead
     return record
-
-
-def compiled_graph_count() -> int:
-    """Graphs torch.compile has built in this process so far.
-
-    Why: a record whose run compiled something paid for it in its latency, and its eager forwards
-    (prefill, long verify chunks, which call the engine's compiled twins) may have switched kernels
-    mid-process; the warm-up is meant to leave 0 for every timed run."""
-    from torch._dynamo.utils import counters  # torch._dynamo loads the compiler stack: only once a run asks
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: BenchSettings) -> list[dict[str, Any]]:
@@ -89,6 +81,7 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     _sync(llm)
     compiled = compiled_graph_count()
     llm.engine.host_phases.reset()
+    ahead = decode_ahead_taken(llm)
     began = time.perf_counter()
     seqs = [
         llm.submit(sample.messages, _params(s), spec=spec_for(mode, s), limits=_limits(s), thinking=True)
@@ -99,8 +92,11 @@ def run_engine_mode_batch(llm: LLM, samples: list[BenchSample], mode: str, s: Be
     wall = time.perf_counter() - began  # submission to the last request's end: the batch's throughput
     results = [llm.result(seq) for seq in seqs]
     compiled = compiled_graph_count() - compiled  # the batch's, given to each of its records
+    steps = None if ahead is None else decode_ahead_taken(llm) - ahead  # the batch's too
     return [
-        {**_engine_record(r, r.timings.total, llm), "compiled_graphs": compiled, "batch_wall_s": wall} for r in results
+        {**_engine_record(r, r.timings.total, llm), "compiled_graphs": compiled, "batch_wall_s": wall}
+        | {"decode_ahead_steps": steps}
+        for r in results
     ]
 
 
