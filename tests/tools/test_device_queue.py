@@ -75,7 +75,10 @@ def test_queues_given_together_run_one_after_another(tmp_path: Path):
     }
     (tmp_path / "collected").mkdir()
     subprocess.run(
-        ["bash", "tools/gpu/device_queue.sh", "start", "0", "q_first.txt", "q_second.txt"], cwd=repo, env=env, check=True
+        ["bash", "tools/gpu/device_queue.sh", "start", "0", "q_first.txt", "q_second.txt"],
+        cwd=repo,
+        env=env,
+        check=True,
     )
     (repo / "tools" / "gpu" / "device_queue.sh").write_text("exit 9\n")  # a later call re-copies the checkout
     result = subprocess.run(["bash", str(SCRIPT), "collect", "30"], env=env, capture_output=True, text=True, check=True)
