@@ -15,14 +15,19 @@ engine's decode and verify steps must agree bit for bit for the baseline and a s
 mode to commit the same tokens).
 
 Which kernel a weight shape uses is measured, not assumed: `SkinnyGemmTable.select` times
-cuBLAS and every config of this kernel on the device, checks the kernel's output against
-cuBLAS, and keeps the faster one for that (N, K) for every row count <= `MAX_ROWS` (one
-choice per shape keeps batch invariance). `TRITON_INTERPRET=1` runs the kernel on CPU tensors
-for tests.
+cuBLAS and every config of this kernel on the device at the row counts of `SELECT_ROWS`, checks
+the kernel's output against cuBLAS at each, and keeps for that (N, K) the one fastest over all
+of them, for every row count <= `MAX_ROWS` (one choice per shape keeps batch invariance). Why
+several row counts: a config picked at one row (small `BLOCK_N`, many programs) makes every
+program reload all the rows' inputs, which at 32 rows costs more than the weight stream it
+saves; on an H100 such one-row choices on every Qwen3-8B projection left the engine's 32-row
+step 0.56 ms behind vLLM's while its one-row step was level. `TRITON_INTERPRET=1` runs the
+kernel on CPU tensors for tests.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -31,6 +36,23 @@ import torch
 from selfspec.engine.triton_env import HAVE_TRITON, available, pdl_supported, tl, triton  # noqa: F401
 
 MAX_ROWS = 64  # more rows than this: cuBLAS (the step is no longer a weight stream)
+SELECT_ROWS_ENV = "SELFSPEC_SKINNY_SELECT_ROWS"
+"""Comma-separated row counts to time the choice at instead of `SELECT_ROWS` (`1`: the one-row
+choice, for an A/B in one run)."""
+SELECT_ROWS = (1, 8, 32)  # the row counts a shape's choice is timed at: one request, a few, a full batch
+
+
+def select_rows() -> tuple[int, ...]:
+    """`SELECT_ROWS`, or the row counts `SELECT_ROWS_ENV` names (each 1..`MAX_ROWS`)."""
+    raw = os.environ.get(SELECT_ROWS_ENV, "").strip()
+    if not raw:
+        return SELECT_ROWS
+    rows = tuple(int(part) for part in raw.split(","))
+    if not rows or any(not 1 <= r <= MAX_ROWS for r in rows):
+        raise ValueError(f"{SELECT_ROWS_ENV}={raw!r}: row counts must lie in 1..{MAX_ROWS}")
+    return rows
+
+
 L2_DEFEAT_BYTES = 120 * 2**20  # selection timings cycle through weight copies at least this large
 
 
@@ -186,7 +208,8 @@ class SkinnyGemmTable:
         return torch.nn.functional.linear(x, weight, bias)
 
     def select(self, weight: torch.Tensor, bias: torch.Tensor | None = None, reps: int = 20) -> SkinnyConfig | None:
-        """Measure cuBLAS and each config at one row on this weight; keep the fastest correct one."""
+        """Measure cuBLAS and each config at `SELECT_ROWS` rows on this weight; keep the correct
+        one fastest over them (`choose_config`)."""
         key = (weight.shape[0], weight.shape[1], weight.dtype)
         with self._lock:
             if key in self.choice:
@@ -194,17 +217,17 @@ class SkinnyGemmTable:
             name = f"{key[0]}x{key[1]}"
             choice: SkinnyConfig | None = None
             if weight.is_cuda and available(weight.device) and weight.stride(-1) == 1:
+                counts = select_rows()  # a bad SELFSPEC_SKINNY_SELECT_ROWS raises here, not into `errors`
                 try:
-                    choice = self._measure(name, weight, bias, reps)
+                    choice = self._measure(name, weight, bias, reps, counts)
                 except Exception as exc:  # noqa: BLE001 - a kernel that fails to build leaves cuBLAS in place
                     self.errors[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
             self.choice[key] = choice
             return choice
 
-    def _measure(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, reps: int) -> SkinnyConfig | None:
-        x = torch.randn((1, weight.shape[1]), dtype=weight.dtype, device=weight.device)
-        ref = torch.nn.functional.linear(x, weight, bias).float()
-        tolerance = 2e-2 * ref.abs().max().item() + 1e-3
+    def _measure(
+        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, reps: int, counts: tuple[int, ...]
+    ) -> SkinnyConfig | None:
         # Cycle through enough copies of the weight that they do not fit in L2 (50 MB on an
         # H200) together: a decode step streams each weight from memory once.
         copies = max(1, min(8, -(-L2_DEFEAT_BYTES // (weight.numel() * weight.element_size()))))
@@ -218,24 +241,39 @@ class SkinnyGemmTable:
 
             return body
 
-        times = {"cublas": graph_seconds_per_call(run(lambda w: torch.nn.functional.linear(x, w, bias)), reps)}
         candidates = list(CONFIGS)
         if pdl_supported(weight.device):
             candidates += [c.with_pdl() for c in CONFIGS]
-        for config in candidates:
-            try:
-                got = skinny_linear(x, weight, bias, config).float()
-                if (got - ref).abs().max().item() > tolerance:
-                    self.errors[f"{name} {config.label}"] = "output differs from cuBLAS beyond bf16 rounding"
-                    continue
-                times[config.label] = graph_seconds_per_call(
-                    run(lambda w, c=config: skinny_linear(x, w, bias, c)), reps
-                )
-            except Exception as exc:  # noqa: BLE001 - e.g. a Triton without launch_pdl: that config is out
-                self.errors[f"{name} {config.label}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                torch.cuda.synchronize()
-        self.timings[name] = {label: round(1e6 * t, 2) for label, t in times.items()}
-        best = min(times, key=times.get)
+        times: dict[str, dict[int, float]] = {"cublas": {}}
+        for rows in counts:
+            x = torch.randn((rows, weight.shape[1]), dtype=weight.dtype, device=weight.device)
+            ref = torch.nn.functional.linear(x, weight, bias).float()
+            tolerance = 2e-2 * ref.abs().max().item() + 1e-3
+            times["cublas"][rows] = graph_seconds_per_call(
+                run(lambda w, x=x: torch.nn.functional.linear(x, w, bias)), reps
+            )
+            for config in candidates:
+                if config.label not in times and rows != counts[0]:
+                    continue  # out at an earlier row count
+                try:
+                    got = skinny_linear(x, weight, bias, config).float()
+                    if (got - ref).abs().max().item() > tolerance:
+                        self.errors[f"{name} {config.label}"] = (
+                            f"output differs from cuBLAS beyond bf16 rounding at {rows} rows"
+                        )
+                        times.pop(config.label, None)
+                        continue
+                    times.setdefault(config.label, {})[rows] = graph_seconds_per_call(
+                        run(lambda w, c=config, x=x: skinny_linear(x, w, bias, c)), reps
+                    )
+                except Exception as exc:  # noqa: BLE001 - e.g. a Triton without launch_pdl: that config is out
+                    self.errors[f"{name} {config.label}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    times.pop(config.label, None)
+                    torch.cuda.synchronize()
+        best = choose_config(times)
+        self.timings[name] = {
+            label: {str(rows): round(1e6 * t, 2) for rows, t in per_rows.items()} for label, per_rows in times.items()
+        }
         return None if best == "cublas" else next(c for c in candidates if c.label == best)
 
     def report(self) -> dict:
@@ -245,6 +283,16 @@ class SkinnyGemmTable:
             "timings_us": self.timings,
             "errors": self.errors,
         }
+
+
+def choose_config(times: dict[str, dict[int, float]]) -> str:
+    """The label ("cublas" or a config's) whose times, each over the fastest time at its row
+    count, sum lowest: every measured row count weighs alike, whatever its absolute time. A
+    label missing a row count (out at it) is not chosen."""
+    counts = set().union(*(per_rows.keys() for per_rows in times.values()))
+    complete = {label: per_rows for label, per_rows in times.items() if set(per_rows) == counts}
+    fastest = {rows: min(per_rows[rows] for per_rows in complete.values()) for rows in counts}
+    return min(complete, key=lambda label: sum(complete[label][rows] / fastest[rows] for rows in counts))
 
 
 def graph_seconds_per_call(body, reps: int) -> float:

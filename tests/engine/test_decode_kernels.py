@@ -54,6 +54,24 @@ def test_skinny_table_keeps_cublas_off_the_gpu():
     assert table.report()["choice"] == {"8x4": "cublas"}
 
 
+def test_a_shapes_kernel_is_chosen_over_every_measured_row_count():
+    """The config fastest at one row but slow at 32 (each program reloading every row's inputs)
+    loses to one near the best at both; a config out at some row count is never chosen; cuBLAS
+    wins where it is the balanced choice."""
+    from selfspec.engine.skinny_gemm import choose_config
+
+    times = {
+        "cublas": {1: 14.0, 8: 14.2, 32: 15.0},
+        "n16k512": {1: 12.0, 8: 13.0, 32: 24.0},  # one-row winner
+        "n64k128": {1: 12.6, 8: 12.8, 32: 14.0},
+        "n128k128": {1: 11.0, 8: 11.5},  # failed its 32-row check
+    }
+    assert choose_config(times) == "n64k128"
+    times["n64k128"][32] = 19.0
+    assert choose_config(times) == "cublas"
+    assert choose_config({"cublas": {1: 3.0}, "n16k256": {1: 2.0}}) == "n16k256"
+
+
 def test_kernels_compile_for_hopper_without_a_gpu():
     """Triton's front end and PTX back end run without a device: errors the interpreter lets
     through fail here, not on the H200."""
@@ -105,3 +123,16 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         )
         assert "ptx" in kernel.asm
         assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == use_pdl
+
+
+def test_select_rows_reads_its_override_and_refuses_bad_counts(monkeypatch):
+    import pytest
+
+    from selfspec.engine.skinny_gemm import SELECT_ROWS, SELECT_ROWS_ENV, select_rows
+
+    assert select_rows() == SELECT_ROWS
+    monkeypatch.setenv(SELECT_ROWS_ENV, "1")
+    assert select_rows() == (1,)
+    monkeypatch.setenv(SELECT_ROWS_ENV, "1,8,65")
+    with pytest.raises(ValueError, match="1..64"):
+        select_rows()
