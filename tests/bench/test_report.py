@@ -202,3 +202,23 @@ def test_pass_rate_is_also_given_for_answers_cut_at_their_end_of_text(tmp_path, 
     groups = {g["model"]: g for g in json.loads((out / "summary.json").read_text())["groups"]}
     base = groups["tiny"]["modes"]["baseline"]
     assert base["pass_rate_at_eos"] == 0.5 and base["mean_forced_past_eos"] == 45.0
+
+
+def test_the_report_says_which_modes_decoded_ahead(tmp_path: Path, record, write_records):
+    """A serial baseline (a run with schedules) is named as such; a batch's steps count once;
+    records from before the field get no sentence."""
+    serial = [
+        {**record("s0", "baseline", 2.0), "decode_ahead_steps": None},
+        {**record("s0", "prefix", 1.0), "decode_ahead_steps": None},
+    ]
+    out = tmp_path / "rep"
+    text = build_report([write_records(tmp_path / "r.jsonl", serial)], out).read_text()
+    assert "baseline serially; prefix serially." in text and "slower than the engine's own" in text
+    batched = [{**record(s, "baseline", 2.0), "decode_ahead_steps": 40, "batch": 0} for s in ("s0", "s1")] + [
+        {**record(s, "prefix", 1.0), "decode_ahead_steps": 0, "batch": 0} for s in ("s0", "s1")
+    ]
+    text = build_report([write_records(tmp_path / "b.jsonl", batched)], tmp_path / "rep2").read_text()
+    assert "baseline 40 steps ahead; prefix 0 steps ahead." in text and "slower than" not in text
+    old = [record("s0", "baseline", 2.0), record("s0", "prefix", 1.0)]
+    text = build_report([write_records(tmp_path / "o.jsonl", old)], tmp_path / "rep3").read_text()
+    assert "engine.decode_ahead" not in text

@@ -51,6 +51,7 @@ from selfspec_bench.records import (
 )
 from selfspec_bench.run_checks import (
     concurrency_checks,
+    decode_ahead_check,
     divergence_summary,
     exactness_by_source,
     position_check,
@@ -60,6 +61,7 @@ from selfspec_bench.run_checks import (
 )
 from selfspec_bench.tables import (
     concurrency_lines,
+    decode_ahead_lines,
     divergence_lines,
     exactness_by_source_lines,
     meta_lines,
@@ -178,6 +180,7 @@ def _group_section(group: Group, skipped: list[Record], out_dir: Path) -> tuple[
     md += [
         mode_table(table),
         "",
+        *decode_ahead_lines(decode_ahead_check(group)),
         *throughput_lines(throughput),
         *timing_lines(timing),
         *position_tables(group, positions),

@@ -291,3 +291,25 @@ def rerun_checks(groups: list[Group]) -> list[dict[str, Any]]:
                 }
             )
     return checks
+
+
+def decode_ahead_check(group: Group) -> dict[str, int | None]:
+    """Per mode, the steps that took a forward launched one step ahead (`engine.decode_ahead`),
+    a batch's counted once; None where every run of the mode decoded serially (a schedule
+    recorder, no CUDA graphs). Empty for records from before the field: the report then says
+    nothing. Why: a plain baseline that decodes serially is slower than the engine users run."""
+    steps: dict[str, int | None] = {}
+    seen: set[tuple[str, Any]] = set()
+    for rec in group.records:
+        if "decode_ahead_steps" not in rec:
+            continue
+        mode, n = rec["mode"], rec["decode_ahead_steps"]
+        batch = rec.get("batch")
+        if batch is not None:
+            if (mode, batch) in seen:
+                continue
+            seen.add((mode, batch))
+        steps.setdefault(mode, None)
+        if n is not None:
+            steps[mode] = (steps[mode] or 0) + n
+    return steps

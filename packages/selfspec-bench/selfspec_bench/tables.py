@@ -308,3 +308,16 @@ def rerun_lines(checks: list[dict[str, Any]]) -> list[str]:
             "",
         ]
     return lines
+
+
+def decode_ahead_lines(check: dict[str, int | None]) -> list[str]:
+    """`run_checks.decode_ahead_check` as one sentence, or nothing for records without the field."""
+    if not check:
+        return []
+    parts = [f"{mode} {'serially' if n is None else f'{n:,} steps ahead'}" for mode, n in sorted(check.items())]
+    note = (
+        " A baseline run serially (under a schedule recorder) is slower than the engine's own plain decoding."
+        if check.get("baseline", 0) is None
+        else ""
+    )
+    return [f"Decoding one step ahead (`engine.decode_ahead`): {'; '.join(parts)}.{note}", ""]
