@@ -23,7 +23,7 @@ from selfspec.engine import cpu_linear, linear_attention
 from selfspec.engine import slot_attention as slot_attention_glue
 from selfspec.engine.architecture import check_architecture
 from selfspec.engine.attention_mask import build_additive_mask, query_positions
-from selfspec.engine.decode_ahead import DecodeAhead, InFlight
+from selfspec.engine.decode_ahead import DecodeAhead
 from selfspec.engine.fusion import fused
 from selfspec.engine.kv_cache import SlotKVCache, layer_kv_shapes, model_kv_shape
 from selfspec.engine.state_cache import SlotStateCache
@@ -148,9 +148,11 @@ class ModelRunner:
             slot_attention and self.static is not None and not self.kv_shared and slot_attention_glue.use_for(model)
         )
         # Greedy decode steps launched before the previous one's tokens are read (`engine.decode_ahead`):
-        # static forwards over a position-indexed cache only.
+        # static forwards only.
         self.ahead = (
-            DecodeAhead(self.static) if decode_ahead and self.static is not None and self.state is None else None
+            DecodeAhead(self.static, stateful=self.state is not None)
+            if decode_ahead and self.static is not None
+            else None
         )
         # Whether the last `run` took a forward launched during the step before (its wait is not its cost).
         self.overlapped = False
@@ -197,11 +199,12 @@ class ModelRunner:
         return scope
 
     def _run_ahead(self, chunks: list[Chunk], want_logits: list[bool] | None, look_ahead: bool) -> ForwardResult | None:
-        """A decode step through `self.ahead`: the pending successor's result if it ran exactly
-        these chunks, else (when `look_ahead` and the step fits) one launched now; with
-        `look_ahead` its own successor goes out before the tokens are read. None: run as usual."""
+        """A decode step through `self.ahead`: the pending successor's result for the rows it ran
+        exactly (the others, e.g. a request admitted this step, in a forward of their own), else
+        (when `look_ahead` and the step fits) one launched now; with `look_ahead` the next
+        successor goes out before the tokens are read. None: run as usual."""
         ahead = self.ahead
-        flight: InFlight | None = ahead.take(chunks)
+        flight, taken = ahead.take(chunks, want_logits)
         self.overlapped = flight is not None
         if flight is None:
             shape = ahead.shape_for(chunks) if look_ahead and want_logits and not any(want_logits) else None
@@ -209,15 +212,31 @@ class ModelRunner:
                 return None
             with self._forward_scope():
                 flight = ahead.launch(chunks, shape)
+            taken = list(range(len(chunks)))
+        elif self.state is not None:  # what `settle` reads, as a static forward of these rows would note
+            rows = [chunks[i] for i in taken]
+            self.state.note_static_rows([c.slot for c in rows], [c.start for c in rows], [1] * len(rows), 1, False)
         self.forwards += 1
-        if look_ahead:
+        rest = sorted(set(range(len(chunks))) - set(taken))
+        if look_ahead and not rest:
             with self._forward_scope():
-                ahead.launch_successor(flight)
+                ahead.launch_successor(flight, [chunks[i].slot for i in taken])
         tokens = dict(zip(flight.slots, ahead.tokens(flight)))
         label = self._shape_labels.get(flight.shape)
         if label is None:
             label = self._shape_labels[flight.shape] = f"{flight.shape[0]}x1/k{flight.shape[2]}"
-        return ForwardResult([None] * len(chunks), [[tokens[c.slot]] for c in chunks], [label] * len(chunks))
+        out = ForwardResult([None] * len(chunks), [None] * len(chunks), [""] * len(chunks))
+        for i in taken:
+            out.argmax[i], out.shapes[i] = [tokens[chunks[i].slot]], label
+        if rest:
+            others = ForwardResult([None] * len(rest), [None] * len(rest), [""] * len(rest))
+            with self._forward_scope():
+                self._run_groups(
+                    [chunks[i] for i in rest], others, None if want_logits is None else [want_logits[i] for i in rest]
+                )
+            for j, i in enumerate(rest):
+                out.logits[i], out.argmax[i], out.shapes[i] = others.logits[j], others.argmax[j], others.shapes[j]
+        return out
 
     def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
         for group in self._group(chunks):

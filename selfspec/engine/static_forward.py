@@ -337,7 +337,7 @@ FEW_ROWS = 8
 
 
 @functools.lru_cache(maxsize=64)
-def _padding(b: int, t: int, scratch: int) -> np.ndarray:
+def padding_rows(b: int, t: int, scratch: int) -> np.ndarray:
     """A step's input array [5, b, t] holding only padding: token 0 at position 0, written to
     the scratch slot (read-only; `pack_rows` copies it in with one write)."""
     arr = np.zeros((5, b, t), dtype=np.int64)
@@ -362,7 +362,7 @@ def pack_rows(arr: np.ndarray, chunks: list["Chunk"], t: int, scratch: int) -> N
     there than building index arrays.
     """
     rows = len(chunks)
-    arr[...] = _padding(arr.shape[1], t, scratch)
+    arr[...] = padding_rows(arr.shape[1], t, scratch)
     if rows == 0:
         return
     if all(len(c.token_ids) == 1 for c in chunks):  # a decode step: one token a row, in the last column
