@@ -16,8 +16,8 @@ from selfspec.engine.llm_engine import Engine, EngineConfig
 from selfspec.engine.model_runner import Chunk
 from selfspec.engine.policy import SequencePolicy
 from selfspec.engine.sampling import SamplingParams
-from selfspec.engine.sequence import FinishReason
 from selfspec.engine.schedule import ScheduleRecorder
+from selfspec.engine.sequence import FinishReason
 from selfspec.engine.static_forward import GraphBuckets
 from selfspec.testing.reference import greedy_reference, random_prompts
 from selfspec.testing.tiny import tiny_model
