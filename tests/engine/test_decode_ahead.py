@@ -1,10 +1,11 @@
 """Decoding one step ahead (`engine.decode_ahead`) gives the same tokens as stepping one at a time.
 
 The successor forward is launched from the device's inputs and argmax before the host reads the
-step's tokens; when the next step is something else (a row finished on EOS or `max_tokens`, a
-request arrived or was aborted) it is dropped. On a CPU the static path runs uncaptured, so the
-bookkeeping — matching, dropping, K/V written past a row's end — is checked here in fp32 against
-the same engine without lookahead and against transformers' greedy decoding.
+step's tokens; the next step takes its result for the rows it ran exactly (a row that finished or
+was aborted is left out, a request that arrived runs beside it) and drops it where it ran none. On
+a CPU the static path runs uncaptured, so the bookkeeping — matching, narrowing, dropping, K/V and
+linear-attention state written past a row's end — is checked here in fp32 against the same engine
+without lookahead and against transformers' greedy decoding.
 """
 
 from __future__ import annotations
