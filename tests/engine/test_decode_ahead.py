@@ -188,17 +188,20 @@ def test_a_step_that_feeds_another_token_does_not_take_the_successor(model):
     assert results[True] == results[False]
 
 
-def test_plain_thinking_under_caps_decodes_ahead_and_gives_the_same_tokens():
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_plain_thinking_under_caps_decodes_ahead_and_gives_the_same_tokens(arch):
     """Plain thinking requests (a cap on the thinking and on the answer, no speculation) decode
     ahead: the policy says its next step is a plain decode until a cap is one token away, where it
     forces the close of thinking or ends the answer. Same tokens, phases and cap closes as the
-    serial engine, with a speculating request beside them (whose steps decode serially)."""
+    serial engine, with a speculating request beside them (whose steps decode serially). On a
+    model with linear-attention layers a successor that fed a row something other than its forced
+    close would be an error: none is launched a step before a cap."""
     from selfspec.llm import LLM
     from selfspec.testing.tiny import tiny_tokenizer
     from selfspec.thinking.policy import ThinkingLimits
 
     tok = tiny_tokenizer()
-    tiny = tiny_model("qwen3", len(tok), seed=3, eos_token_id=tok.eos_token_id)
+    tiny = tiny_model(arch, len(tok), seed=3, eos_token_id=tok.eos_token_id)
     prompts = ["Write a counter class", "List three primes", "Sort these words"]
     runs = {}
     for ahead in (False, True):
