@@ -76,6 +76,7 @@ class DecodeAhead:
         self.dropped = 0  # successors the next step took no row of (a forward each)
         self.trimmed = 0  # successors taken for fewer rows than they ran (rows that had finished)
         self._padding: dict[int, torch.Tensor] = {}  # per batch bucket: a decode step of padding rows
+        self._index_host: torch.Tensor | None = None  # the last narrowing's rows, alive while copied
 
     # ------------------------------------------------------------------ matching
     def shape_for(self, chunks: list["Chunk"]) -> tuple[int, int, int] | None:
@@ -162,7 +163,7 @@ class DecodeAhead:
                 packed.copy_(flight.forward.packed)
             packed[0, :n, 0].copy_(pool.argmax_out[:n, 0])
         else:  # the rows still decoding, gathered to the front; the rest is padding
-            index = torch.tensor(rows, device=packed.device)
+            index = self._device_index(rows)
             source = flight.forward.packed.index_select(1, index)  # a copy: `packed` may be that forward's
             tokens = pool.argmax_out.index_select(0, index)[:, 0]
             packed.copy_(self._padding_rows(b))
@@ -180,6 +181,17 @@ class DecodeAhead:
         self._send_tokens(successor)
         self.pending = successor
         self.launched += 1
+
+    def _device_index(self, rows: list[int]) -> torch.Tensor:
+        """`rows` on the device without waiting for it: from pinned memory, copied in stream order
+        (a copy from pageable memory would wait for the forward still running). The host tensor is
+        kept until the next call: by then a later forward's tokens have been read, so the copy,
+        queued before that forward, has run."""
+        host = torch.tensor(rows, dtype=torch.long)
+        if self.cuda:
+            host = host.pin_memory()
+        self._index_host = host
+        return host.to(self.pool.device, non_blocking=self.cuda)
 
     def _padding_rows(self, b: int) -> torch.Tensor:
         """A one-token step's inputs [5, b, 1] of padding rows only, on the device (kept)."""
