@@ -196,13 +196,23 @@ def check_tiny(device: str) -> None:
                 prompts[1], SamplingParams(max_tokens=150, ignore_eos=True), policy=ChunkProposer(refs[1], 128)
             )
             run_all(engine, [spec])
+            # The first request aborted mid-decode: with decoding ahead the others are taken from a
+            # successor that still ran its row, and the next successors run without it.
+            cut = [engine.add_request(p, SamplingParams(max_tokens=150, ignore_eos=True)) for p in prompts]
+            for _ in range(60):
+                engine.step()
+            engine.abort_request(cut[0].request_id)
+            run_all(engine, cut[1:])
+            cut_same = [s.output_ids == r for s, r in zip(cut[1:], refs[1:])]
+            cut_same.append(cut[0].output_ids == refs[0][: len(cut[0].output_ids)])
             stats = engine.runner.static.stats() if engine.runner.static else {}
             stats["slot_attention"] = engine.runner.slot_attention
             report(
                 f"tiny-{family}-{label}",
-                all(same) and spec.output_ids == refs[1],
+                all(same) and spec.output_ids == refs[1] and all(cut_same),
                 batch_equal=same,
                 spec_equal=spec.output_ids == refs[1],
+                abort_equal=cut_same,
                 accepted=spec.stats.accepted_tokens,
                 static=stats,
                 eager_forwards=engine.runner.eager_forwards,
@@ -243,6 +253,16 @@ def check_hybrid_tiny(device: str) -> None:
                 for p, r in zip(prompts, refs)
             ]
             run_all(engine, spec)
+            # The first request aborted mid-decode: decoding ahead takes the others from a successor
+            # that still advanced its row's state (a freed slot), then runs without it.
+            cut = [engine.add_request(p, SamplingParams(max_tokens=100, ignore_eos=True)) for p in prompts]
+            for _ in range(50):
+                engine.step()
+            engine.abort_request(cut[0].request_id)
+            run_all(engine, cut[1:])
+            cut_ok = [s.output_ids for s in cut[1:]] == refs[1:] and cut[0].output_ids == refs[0][
+                : len(cut[0].output_ids)
+            ]
             # Batch buckets of at most 2: four verify rows take two replays of one graph per step.
             narrow = Engine(
                 model,
@@ -263,9 +283,11 @@ def check_hybrid_tiny(device: str) -> None:
             static = engine.runner.static
             report(
                 f"hybrid-tiny-{family}-{label}",
-                greedy_ok and spec_ok and replay_ok and engine.runner.static_fallback is None,
+                greedy_ok and spec_ok and replay_ok and cut_ok and engine.runner.static_fallback is None,
                 greedy_equal=greedy_ok,
                 spec_equal=spec_ok,
+                abort_equal=cut_ok,
+                decode_ahead=engine.runner.ahead.stats() if engine.runner.ahead is not None else None,
                 two_replays_before_settle_equal=replay_ok,
                 accepted=sum(s.stats.accepted_tokens for s in spec),
                 tokens_per_s=round(speeds[label], 1),
