@@ -240,3 +240,28 @@ def test_an_abort_takes_the_other_rows_from_the_successor_and_narrows_the_next(m
             assert stats["trimmed"] == 1 and stats["dropped"] == 0 and stats["used"] >= 20, stats
     assert outputs[True] == outputs[False]
     assert outputs[True][0][1] is FinishReason.CANCELLED and all(len(t) == 30 for t, _ in outputs[True][1:])
+
+
+def test_a_narrowed_successor_pads_with_nothing_a_live_slot_would_read(hybrid):
+    """A successor narrowed into a smaller batch bucket reuses that bucket's input buffer, whose
+    spare rows still hold an earlier step's rows (live slots at old positions). They must become
+    padding: run again, such a row would advance a live request's linear-attention state."""
+    prompts = random_prompts([4, 4, 4, 4, 4], VOCAB, seed=31)
+    runs = {}
+    for ahead in (False, True):
+        engine = engine_for(hybrid, ahead, slots=8)
+        engine.runner.warm_up_graphs([1, 2, 4, 8], [1], engine.max_len, verify=False)
+        seqs = [engine.add_request(p, SamplingParams(max_tokens=40)) for p in prompts[:4]]
+        for step in range(40):
+            if step == 14:  # four rows filled bucket 4's buffer; a fifth moves the batch to bucket 8
+                seqs.append(engine.add_request(prompts[4], SamplingParams(max_tokens=40)))
+            if step == 18:  # five rows to three: back to bucket 4, one spare row
+                engine.abort_request(seqs[0].request_id)
+                engine.abort_request(seqs[1].request_id)
+            engine.step()
+        while engine.has_unfinished():
+            engine.step()
+        runs[ahead] = [s.output_ids for s in seqs[2:]]
+        if ahead:
+            assert engine.runner.ahead.stats()["trimmed"] >= 1
+    assert runs[True] == runs[False]
