@@ -142,8 +142,11 @@ class DecodeAhead:
         order) its greedy token at the next position, built on the device from `flight`'s inputs
         and outputs; it becomes `pending`."""
         pool = self.pool
-        keep = set(flight.slots if slots is None else slots)
-        rows = [row for row, slot in enumerate(flight.slots) if slot in keep]
+        if slots is None:
+            rows = range(len(flight.slots))
+        else:
+            keep = set(slots)
+            rows = [row for row, slot in enumerate(flight.slots) if slot in keep]
         if not rows:
             return
         n = len(rows)
@@ -163,7 +166,7 @@ class DecodeAhead:
                 packed.copy_(flight.forward.packed)
             packed[0, :n, 0].copy_(pool.argmax_out[:n, 0])
         else:  # the rows still decoding, gathered to the front; the rest is padding
-            index = self._device_index(rows)
+            index = self._device_index(list(rows))
             source = flight.forward.packed.index_select(1, index)  # a copy: `packed` may be that forward's
             tokens = pool.argmax_out.index_select(0, index)[:, 0]
             packed.copy_(self._padding_rows(b))
@@ -176,8 +179,16 @@ class DecodeAhead:
         else:
             pool._body(forward)
         forward.replays += 1
-        successor = InFlight(forward, shape, [flight.slots[row] for row in rows], starts, 1 - flight.buffer, None)
-        successor.source_rows = None if n == len(flight.slots) else rows
+        whole = n == len(flight.slots)
+        successor = InFlight(
+            forward,
+            shape,
+            flight.slots if whole else [flight.slots[row] for row in rows],
+            starts,
+            1 - flight.buffer,
+            None,
+        )
+        successor.source_rows = None if whole else list(rows)
         self._send_tokens(successor)
         self.pending = successor
         self.launched += 1

@@ -220,7 +220,9 @@ class ModelRunner:
         rest = sorted(set(range(len(chunks))) - set(taken))
         if look_ahead and not rest:
             with self._forward_scope():
-                ahead.launch_successor(flight, [chunks[i].slot for i in taken])
+                # Every row taken (the usual step): no per-row list to build and match again.
+                kept = None if len(taken) == len(flight.slots) else [chunks[i].slot for i in taken]
+                ahead.launch_successor(flight, kept)
         tokens = dict(zip(flight.slots, ahead.tokens(flight)))
         label = self._shape_labels.get(flight.shape)
         if label is None:
