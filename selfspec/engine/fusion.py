@@ -1,4 +1,5 @@
-"""Fused pointwise pieces for the engine's forwards: torch.compile on norms, MLPs and rotary.
+"""Fused pointwise pieces for the engine's forwards: torch.compile on norms, MLPs and rotary
+(and, in `residual_fusion`, each residual add with the norm after it).
 
 Why: once a step is a CUDA graph replay, its cost is roughly the number of kernels. An
 eager RMSNorm is ~7 kernels (casts, pow, mean, rsqrt, two muls), rotary ~10, the MLP's
@@ -56,6 +57,10 @@ def _dispatch(eager: Callable, compiled: Callable) -> Callable:
 
 
 DETERMINISM_ENV = "SELFSPEC_INDUCTOR_DETERMINISTIC"
+
+LAYER_REWRITES_ENV = "SELFSPEC_LAYER_REWRITES"
+"""`0` keeps transformers' layer and attention forwards as they are: no residual add fused into
+its norm (`residual_fusion`), no q/k norm inside the rotary (`qk_norm_rope`); for an A/B in one run."""
 
 
 INDUCTOR_DETERMINISM_FLAGS = ("deterministic", "batch_invariant")
@@ -135,6 +140,12 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     from selfspec.engine.linear_attention import fuse_layers  # that module imports this one
 
     wrapped.update(fuse_layers(model, backend=backend))
+    if os.environ.get(LAYER_REWRITES_ENV, "1").strip() != "0":
+        from selfspec.engine.qk_norm_rope import fuse_qk_norm_rope  # these modules import this one
+        from selfspec.engine.residual_fusion import fuse_residual_norms
+
+        wrapped.update(fuse_residual_norms(model, backend=backend))
+        wrapped.update(fuse_qk_norm_rope(model, backend=backend))
     for module in model.modules():
         if type(module).__name__.endswith("Attention"):
             modeling = sys.modules.get(type(module).__module__)
@@ -149,10 +160,18 @@ def compile_pointwise_modules(model: torch.nn.Module, backend: str = "inductor")
     return sorted(wrapped)
 
 
-_INSTANCE_OVERRIDES = ("forward", "_selfspec_linear", "_selfspec_skinny", "_selfspec_gdn_prepare", "_gdn_in_sizes")
+_INSTANCE_OVERRIDES = (
+    "forward",
+    "_selfspec_linear",
+    "_selfspec_skinny",
+    "_selfspec_gdn_prepare",
+    "_gdn_in_sizes",
+    "_selfspec_pending_aware",
+)
 """What the fusion passes set on module instances: forward overrides, the skinny-GEMM table's
 bound `linear` (the table holds a lock and its kernels: not copyable) and its flag, a Gated
-DeltaNet layer's compiled preparation and its fused projection's split."""
+DeltaNet layer's compiled preparation and its fused projection's split, the flag of a norm
+that takes a residual sum's norm from the layer before (`residual_fusion`)."""
 
 
 def unfused_copy(module: torch.nn.Module) -> torch.nn.Module:
