@@ -156,6 +156,29 @@ def _conv_window(state: torch.Tensor, mixed: torch.Tensor, real: torch.Tensor) -
     return window.masked_fill((col < pad).unsqueeze(1), 0)
 
 
+def depthwise_conv_tail(
+    window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, outputs: int
+) -> torch.Tensor:
+    """The last `outputs` columns of `F.conv1d(window, weight[:, None], bias, groups=C)`, [B, C, outputs].
+
+    Why not conv1d: compiled (`fuse_layers`), a sum over the few taps (4 in Qwen3.5 and Qwen3-Next)
+    fuses into the kernel that builds the window and applies the activation, where a convolution
+    stays a kernel of its own each layer and step. The taps are summed in fp32, as the convolution
+    accumulates, and the result is rounded once to the weight's dtype.
+    """
+    taps = weight.shape[-1]
+    if taps > 8:
+        full = F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])
+        return full[:, :, -outputs:]
+    start = window.shape[-1] - taps + 1 - outputs
+    acc = window[:, :, start : start + outputs].float() * weight[:, :1].float()
+    for k in range(1, taps):
+        acc = acc + window[:, :, start + k : start + k + outputs].float() * weight[:, k : k + 1].float()
+    if bias is not None:
+        acc = acc + bias.float().unsqueeze(-1)
+    return acc.to(weight.dtype)
+
+
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name in ("silu", "swish"):
         return F.silu
@@ -245,8 +268,8 @@ def prepare_chunk(
     batch, seq_len, _ = mixed.shape
     window = _conv_window(conv_state, mixed.transpose(1, 2), real)
     weight = conv_weight.squeeze(1)
-    conv_out = F.conv1d(window.to(weight.dtype), weight.unsqueeze(1), conv_bias, groups=weight.shape[0])
-    conv_out = _activation(activation)(conv_out[:, :, -seq_len:]).to(mixed.dtype).transpose(1, 2)
+    conv_out = depthwise_conv_tail(window.to(weight.dtype), weight, conv_bias, seq_len)
+    conv_out = _activation(activation)(conv_out).to(mixed.dtype).transpose(1, 2)
     # Contiguous here, where compiled they come out of the fused kernel: fla's kernels would copy a
     # strided view of the conv output (three copy kernels per layer and step).
     query, key, value = (

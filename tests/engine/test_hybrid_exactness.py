@@ -288,3 +288,27 @@ def test_chunked_rule_gets_as_many_key_as_value_heads(monkeypatch):
     run_to_finish(engine, [seq])
     assert calls and all(k == v for k, v in calls)
     assert seq.output_ids == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_conv_as_a_sum_over_taps_equals_the_convolution(dtype):
+    """`depthwise_conv_tail` (fusable when compiled) against the depthwise `conv1d` it replaces."""
+    import torch.nn.functional as F
+
+    from selfspec.engine.linear_attention import depthwise_conv_tail
+
+    g = torch.Generator().manual_seed(0)
+    for taps, outputs in ((4, 1), (4, 9), (2, 3), (12, 5)):
+        window = torch.randn(3, 24, taps - 1 + outputs + 2, generator=g).to(dtype)
+        weight, bias = torch.randn(24, taps, generator=g).to(dtype), torch.randn(24, generator=g).to(dtype)
+        want = F.conv1d(window, weight.unsqueeze(1), bias, groups=24)[:, :, -outputs:]
+        got = depthwise_conv_tail(window, weight, bias, outputs)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol)
+        assert torch.allclose(
+            depthwise_conv_tail(window, weight, None, outputs).float(),
+            (want - bias.unsqueeze(-1)).float(),
+            atol=4 * tol,
+            rtol=tol,
+        )
