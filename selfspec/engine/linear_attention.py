@@ -246,7 +246,9 @@ def _chunk_rule(module) -> Callable:
 
 def prepare_chunk(
     mixed: torch.Tensor,
-    conv_state: torch.Tensor,
+    conv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    fresh: torch.Tensor,
     real: torch.Tensor,
     conv_weight: torch.Tensor,
     conv_bias: torch.Tensor | None,
@@ -266,6 +268,8 @@ def prepare_chunk(
     some forty small kernels per layer and step (on an H100, Qwen3.5-4B's decode step ran 834
     pointwise and 502 copy kernels, a third of its 7 ms)."""
     batch, seq_len, _ = mixed.shape
+    # The rows' conv states read here, not by the caller: compiled, the read joins the window's kernel.
+    conv_state = conv_cache.index_select(0, slots).masked_fill(fresh.view(-1, 1, 1), 0)
     window = _conv_window(conv_state, mixed.transpose(1, 2), real)
     weight = conv_weight.squeeze(1)
     conv_out = depthwise_conv_tail(window.to(weight.dtype), weight, conv_bias, seq_len)
@@ -319,11 +323,13 @@ def slot_forward(module, hidden_states: torch.Tensor, cache: SlotStateCache) -> 
         and (routing.snapshots or seq_len < fla_kernels.CHUNK_MIN_TOKENS)
         and slot_delta_rule.applies(hidden_states.device, hidden_states.dtype)
     )
-    conv_state, rec_state = (cache.read_conv(layer), None) if in_slots else cache.read(layer)
+    rec_state = None if in_slots else cache.read_recurrent(layer)
     prepare = getattr(module, "_selfspec_gdn_prepare", None) if fused_active() else None
     window, conv_out, query, key, value, g, beta = (prepare or prepare_chunk)(
         mixed,
-        conv_state,
+        cache.conv[layer],
+        routing.slots,
+        routing.fresh,
         real,
         module.conv1d.weight,
         module.conv1d.bias,

@@ -252,17 +252,12 @@ class SlotStateCache:
         self.routing = None
 
     # ------------------------------------------------------------------ the layer's reads and writes
-    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows' conv state [B, C, K] and recurrent state [B, H, K, V] (zero for fresh rows)."""
+    def read_recurrent(self, layer: int) -> torch.Tensor:
+        """The rows' recurrent state [B, H, K, V] (zero for fresh rows). The conv state is read
+        inside the layer's preparation (`linear_attention.prepare_chunk`), and on a GPU's decode and
+        verify steps the recurrent state in its slots (`slot_delta_rule`)."""
         r = self.routing
-        rec = self.recurrent[layer].index_select(0, r.slots)
-        return self.read_conv(layer), rec.masked_fill(r.fresh.view(-1, 1, 1, 1), 0)
-
-    def read_conv(self, layer: int) -> torch.Tensor:
-        """The rows' conv state [B, C, K] alone (the recurrent state is read in its slots by
-        `slot_delta_rule`)."""
-        r = self.routing
-        return self.conv[layer].index_select(0, r.slots).masked_fill(r.fresh.view(-1, 1, 1), 0)
+        return self.recurrent[layer].index_select(0, r.slots).masked_fill(r.fresh.view(-1, 1, 1, 1), 0)
 
     def write(
         self,

@@ -220,10 +220,11 @@ def test_a_gated_deltanet_layers_fused_projection_and_preparation_equal_its_own(
         torch.testing.assert_close(a, b)
     mixed, _, b, a = linear_attention._projections(layer, hidden)
     spec = linear_attention.layer_spec(layer)
-    conv_state = torch.randn(2, spec.conv_dim, spec.kernel)
+    conv_cache = torch.randn(4, spec.conv_dim, spec.kernel)  # four slots; rows read slots 2 and 0
+    slots, fresh = torch.tensor([2, 0]), torch.tensor([False, True])
     real = torch.tensor([[False, False, True, True, True], [True] * 5])
     args = (
-        mixed, conv_state, real, layer.conv1d.weight, layer.conv1d.bias, a, b, layer.A_log, layer.dt_bias,
+        mixed, conv_cache, slots, fresh, real, layer.conv1d.weight, layer.conv1d.bias, a, b, layer.A_log, layer.dt_bias,
         (layer.key_dim, layer.key_dim, layer.value_dim), (layer.head_k_dim, layer.head_k_dim, layer.head_v_dim),
         layer.activation,
     )  # fmt: skip
@@ -233,6 +234,9 @@ def test_a_gated_deltanet_layers_fused_projection_and_preparation_equal_its_own(
         torch.testing.assert_close(x, y)
     g, beta = eager[5], eager[6]
     assert (g[0, :2] == 0).all() and (beta[0, :2] == 0).all()  # padding columns leave the state alone
+    window = eager[0]  # [pad | state | tokens]: row 0 reads slot 2's state, row 1 (fresh) zeros
+    assert torch.equal(window[0, :, 2 : 2 + spec.kernel], conv_cache[2].to(window.dtype))
+    assert (window[1, :, : spec.kernel] == 0).all()
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", pytest.param("gemma4", marks=pytest.mark.slow)])
