@@ -94,10 +94,17 @@ def _add_norm_for(norm: torch.nn.Module, backend: str) -> Callable:
     return _compiled[key]
 
 
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place write counter; None under `torch.inference_mode`, which keeps none
+    (there the identity check alone guards the hand-over)."""
+    return None if tensor.is_inference() else tensor._version
+
+
 def _take_pending(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
     pending = getattr(_pending, "value", None)
     _pending.value = None
-    if pending is not None and pending[0] is hidden and pending[2] is norm:
+    # The very tensor, unchanged since (its version counter moves with every in-place write).
+    if pending is not None and pending[0] is hidden and pending[2] is norm and pending[3] == _version(hidden):
         return pending[1]
     return None
 
@@ -186,7 +193,7 @@ def _bind(
         if next_norm is None or not isinstance(x, torch.Tensor):
             return residual + x
         summed, normed = _add_norm_for(next_norm, backend)(next_norm, residual, x)
-        _pending.value = (summed, normed, next_norm)
+        _pending.value = (summed, normed, next_norm, _version(summed))
         return summed
 
     return bind_rewritten(layer, code, {"_selfspec_add_norm": add_norm, "_selfspec_add_next": add_next})

@@ -112,3 +112,19 @@ def test_switch_off_and_unfused_copies(monkeypatch):
     ids = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), fused():
         assert torch.equal(copy(ids).logits, model(ids).logits)
+
+
+def test_a_sum_written_in_place_after_its_layer_is_normed_again():
+    """The norm hands out the layer's normed sum only for the very tensor, unchanged since."""
+    model = tiny_model("qwen3", VOCAB, seed=6, num_layers=2)
+    compile_pointwise_modules(model, backend="aot_eager")
+    first, second = model.model.layers
+    ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), fused():
+        hidden = model.model.embed_tokens(ids)
+        position = torch.arange(5).unsqueeze(0)
+        embeddings = model.model.rotary_emb(hidden, position)
+        out = first(hidden, position_embeddings=embeddings, position_ids=position)
+        out.mul_(2.0)
+        want = second.input_layernorm.forward.__wrapped__(out)
+        assert torch.equal(second.input_layernorm(out), want)
