@@ -1,6 +1,6 @@
 """Per-head q/k norms and rotary embedding as one compiled function, inside the engine's fused forwards.
 
-Why: Qwen3, Qwen3.5 and Qwen3-Next normalise every query and key head (`q_norm`, `k_norm`)
+Why: Qwen3, Qwen3.5, Qwen3-Next and Gemma-3 normalise every query and key head (`q_norm`, `k_norm`)
 and then rotate them: four kernels per attention layer once each piece is compiled on its own
 (two norms, rotary for q and for k), 144 of a Qwen3-8B step's ~630. Compiled together the
 norms run inside the rotary kernels (inductor: one kernel per output), which removes two
@@ -9,14 +9,14 @@ launches per layer and a write and read of q and k.
 How: the attention class's `forward` is rewritten at the syntax level (as
 `residual_fusion` does for decoder layers), only where it has these statements in order:
 
-    query_states = self.q_norm(Q).transpose(1, 2)
-    key_states = self.k_norm(K).transpose(1, 2)
+    query_states = self.q_norm(Q).transpose(1, 2)      (or, Gemma-3: a statement
+    key_states = self.k_norm(K).transpose(1, 2)         `query_states = self.q_norm(query_states)`)
     ...
     query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
 The norms move after the transposes (a norm over the last dimension does not care) into the
 rotary call: `Q` and `K` keep transformers' own expressions (the gated query of Qwen3.5
-included). Anything else is left alone.
+included). Anything else (Gemma-4's rotary per tensor) is left alone.
 """
 
 from __future__ import annotations
@@ -56,8 +56,19 @@ def _normed_transpose(stmt: ast.stmt, target: str, norm: str) -> ast.expr | None
     return inner.args[0] if owner.value.id == "self" else None
 
 
+def _normed_in_place(stmt: ast.stmt, target: str, norm: str) -> bool:
+    """Whether `stmt` is `<target> = self.<norm>(<target>)` (Gemma-3's form, after the transposes)."""
+    want = ast.parse(f"{target} = self.{norm}({target})").body[0]
+    return ast.dump(stmt) == ast.dump(want)
+
+
 def rewrite_attention_forward(source: str) -> str | None:
-    """The attention forward with its q/k norms folded into the rotary call, or None."""
+    """The attention forward with its q/k norms folded into the rotary call, or None.
+
+    Two forms of norm are taken: `q = self.q_norm(X).transpose(1, 2)` (Qwen3, Qwen3.5, Qwen3-Next),
+    which becomes `q = X.transpose(1, 2)`, and a statement `q = self.q_norm(q)` of its own (Gemma-3),
+    which goes.
+    """
     if "super(" in source:
         return None
     tree = ast.parse(textwrap.dedent(source))
@@ -65,12 +76,11 @@ def rewrite_attention_forward(source: str) -> str | None:
         return None
     body = tree.body[0].body
     rope = ast.dump(ast.parse(_ROPE_CALL).body[0])
-    found = {"q": [], "k": [], "rope": []}
+    found: dict[str, list[int]] = {"q": [], "k": [], "rope": []}
     for i, stmt in enumerate(body):
-        if _normed_transpose(stmt, "query_states", "q_norm") is not None:
-            found["q"].append(i)
-        if _normed_transpose(stmt, "key_states", "k_norm") is not None:
-            found["k"].append(i)
+        for key, target, norm in (("q", "query_states", "q_norm"), ("k", "key_states", "k_norm")):
+            if _normed_transpose(stmt, target, norm) is not None or _normed_in_place(stmt, target, norm):
+                found[key].append(i)
         if ast.dump(stmt) == rope:
             found["rope"].append(i)
     if any(len(v) != 1 for v in found.values()):
@@ -84,10 +94,13 @@ def rewrite_attention_forward(source: str) -> str | None:
             continue
         if any(isinstance(n, ast.Name) and n.id in ("query_states", "key_states") for n in ast.walk(stmt)):
             return None
-    for index, target, norm in ((q, "query_states", "q_norm"), (k, "key_states", "k_norm")):
-        inner = _normed_transpose(body[index], target, norm)
-        body[index].value.func.value = inner  # X.transpose(1, 2)
     body[r] = ast.parse(_FUSED_CALL).body[0]
+    for index, target, norm in sorted(((q, "query_states", "q_norm"), (k, "key_states", "k_norm")), reverse=True):
+        inner = _normed_transpose(body[index], target, norm)
+        if inner is None:
+            del body[index]  # the norm statement of its own
+        else:
+            body[index].value.func.value = inner  # X.transpose(1, 2)
     return ast.unparse(ast.fix_missing_locations(tree))
 
 

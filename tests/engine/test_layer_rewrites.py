@@ -57,6 +57,23 @@ def test_fused_layers_give_the_eager_logits_and_hand_over_every_norm(arch, monke
         assert not any(taken)
 
 
+def test_gemma3_norms_of_their_own_go_into_the_rotary_call(monkeypatch):
+    """Gemma-3 norms q and k in statements of their own, after the transposes; its sandwich-norm
+    layers keep their residual adds."""
+    model = tiny_model("gemma3", VOCAB, seed=3, num_layers=3)
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+        wrapped = compile_pointwise_modules(model, backend="aot_eager")
+        assert "Gemma3Attention.qk_norm+rope" in wrapped and not any("residual" in n for n in wrapped)
+        rotated = []
+        norm_rope_for = qk_norm_rope._norm_rope_for
+        monkeypatch.setattr(qk_norm_rope, "_norm_rope_for", lambda m, b: rotated.append(m) or norm_rope_for(m, b))
+        with fused():
+            assert torch.equal(model(ids).logits, want)
+        assert len(rotated) == len(_layers(model))
+
+
 def test_engine_with_fused_residuals_matches_greedy():
     model = tiny_model("qwen3", VOCAB, seed=4, num_layers=3)
     prompts = random_prompts([5, 9], VOCAB, seed=2)
@@ -73,8 +90,6 @@ def test_engine_with_fused_residuals_matches_greedy():
 
 
 def test_layers_of_another_shape_are_left_alone():
-    gemma = tiny_model("gemma3", VOCAB, seed=1, num_layers=2)
-    assert not any("residual" in name for name in compile_pointwise_modules(gemma, backend="aot_eager"))
     qwen = inspect.getsource(type(tiny_model("qwen3", VOCAB, seed=1, num_layers=1).model.layers[0]).forward)
     assert residual_fusion.rewrite_layer_forward(qwen) is not None
     extra_add = qwen.replace(
