@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import ast
 import sys
-import textwrap
 from typing import Callable
 
 import torch
 
 from selfspec.engine.fusion import _dispatch
-from selfspec.engine.residual_fusion import bind_rewritten, rewritten_code
+from selfspec.engine.residual_fusion import bind_rewritten, parse_forward, rewritten_code
 
 _ROPE_CALL = "query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)"
 _FUSED_CALL = "query_states, key_states = _selfspec_norm_rope(self, query_states, key_states, cos, sin)"
@@ -69,10 +68,8 @@ def rewrite_attention_forward(source: str) -> str | None:
     which becomes `q = X.transpose(1, 2)`, and a statement `q = self.q_norm(q)` of its own (Gemma-3),
     which goes.
     """
-    if "super(" in source:
-        return None
-    tree = ast.parse(textwrap.dedent(source))
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != "forward":
+    tree = parse_forward(source)
+    if tree is None:
         return None
     body = tree.body[0].body
     rope = ast.dump(ast.parse(_ROPE_CALL).body[0])

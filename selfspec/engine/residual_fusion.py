@@ -48,6 +48,17 @@ def _stmt(source: str) -> str:
     return ast.dump(ast.parse(source).body[0])
 
 
+def parse_forward(source: str) -> ast.Module | None:
+    """A class's `forward` source as a module holding that one function, or None where a rewrite
+    cannot stand outside its class (`super()` needs the class cell)."""
+    if "super(" in source:
+        return None
+    tree = ast.parse(textwrap.dedent(source))
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != "forward":
+        return None
+    return tree
+
+
 def rewrite_layer_forward(source: str) -> str | None:
     """The layer forward with its residual adds routed through the fused helpers, or None.
 
@@ -56,10 +67,8 @@ def rewrite_layer_forward(source: str) -> str | None:
     norm, the second by `return hidden_states` as the last statement. Anything else (sandwich
     norms as in Gemma, `super()`, an extra add) returns None and the layer is left alone.
     """
-    if "super(" in source:
-        return None
-    tree = ast.parse(textwrap.dedent(source))
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != "forward":
+    tree = parse_forward(source)
+    if tree is None:
         return None
     body = tree.body[0].body
     dumps = [ast.dump(s) for s in body]
