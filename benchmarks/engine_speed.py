@@ -327,10 +327,20 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="CPU: run the GPU-only parts on the uncaptured static path"
     )
+    parser.add_argument(
+        "--eager-prompt-tokens",
+        type=int,
+        default=None,
+        help="GraphBuckets.eager_prompt_tokens for the graph engines (0: short prompt pieces stay in the buckets)",
+    )
     args = parser.parse_args()
     if args.smoke:
         GRAPH.clear()
         GRAPH.update(static_shapes=True, decode_ahead=True)
+    if args.eager_prompt_tokens is not None:
+        from selfspec.engine.static_forward import GraphBuckets
+
+        GRAPH["graph_buckets"] = GraphBuckets(eager_prompt_tokens=args.eager_prompt_tokens)
 
     import transformers
 

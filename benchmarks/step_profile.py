@@ -36,9 +36,12 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def profile_body(engine: Engine, shape: tuple[int, int, int]) -> dict:
+def profile_body(engine: Engine, shape: tuple[int, int, int], verify: bool = False) -> dict:
+    """One forward of `shape` under the profiler; `verify`: the variant a linear-attention model's
+    verify chunks replay (it also keeps what a rollback needs), else the plain one."""
     static = engine.runner.static
-    forward = static.forwards.get(shape) or static._build(shape)
+    built = static.snapshot_forwards if verify else static.forwards
+    forward = built.get(shape) or static._build(shape, verify)
     for _ in range(3):
         static._body(forward)
     torch.cuda.synchronize()
@@ -85,6 +88,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=512)
     parser.add_argument("--batch", default="1", help="comma list of batch sizes")
     parser.add_argument("--tokens", type=int, default=1)
+    parser.add_argument("--verify", action="store_true", help="the verify variant (linear-attention models)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--variants", default="graph,graph+compile,graph+compile+slot,graph+compile+slot+skinny")
@@ -110,7 +114,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batch.split(",")):
             shape = (batch, args.tokens, args.keys)
             key = label if batch == 1 else f"{label} B={batch}"
-            results[key] = r = profile_body(engine, shape)
+            results[key] = r = profile_body(engine, shape, args.verify)
             r["graph_stats"] = engine.runner.static.stats()
             if engine.skinny_gemms is not None:
                 r["skinny_gemms"] = engine.skinny_gemms.report()

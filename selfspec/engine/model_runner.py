@@ -241,9 +241,9 @@ class ModelRunner:
         return out
 
     def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
-        for group in self._group(chunks):
+        for group, eager in self._group(chunks):
             group_chunks = [chunks[i] for i in group]
-            shape = self.static.shape_for(group_chunks) if self.static is not None else None
+            shape = self.static.shape_for(group_chunks) if self.static is not None and not eager else None
             if shape is not None:
                 logits, top = self.static.run(group_chunks, shape)
                 label = self._shape_labels.get(shape)
@@ -323,8 +323,9 @@ class ModelRunner:
             self.state.forget(slot)
 
     # ------------------------------------------------------------------ internals
-    def _group(self, chunks: list[Chunk]) -> list[list[int]]:
-        """Split chunks into forwards so that padding stays bounded.
+    def _group(self, chunks: list[Chunk]) -> list[tuple[list[int], bool]]:
+        """Split chunks into forwards so that padding stays bounded; each group comes with whether
+        it must run eagerly (at its exact size) although it fits a static bucket.
 
         One forward per step is best when steps are launch-bound (GPU); on a CPU the padded
         tokens cost real compute. Greedy: longest first, add while padded/real stays under
@@ -332,16 +333,31 @@ class ModelRunner:
         """
         if self.static is not None:
             # Static forwards: short chunks go together up to the largest batch bucket (a
-            # replay costs about the same whatever it carries); long prefill pieces run eagerly.
-            max_t = max(self.static.buckets.tokens)
+            # replay costs about the same whatever it carries); long prefill pieces run eagerly,
+            # and so do short prompt pieces that together make a compute-bound forward
+            # (`GraphBuckets.eager_prompt_tokens`) the buckets would split into several replays
+            # (each a full weight read), in a group of their own: padded to a long piece's width
+            # they would cost more than their own forward.
+            buckets = self.static.buckets
+            max_t = max(buckets.tokens)
             short = [i for i in range(len(chunks)) if len(chunks[i].token_ids) <= max_t]
             long = [i for i in range(len(chunks)) if len(chunks[i].token_ids) > max_t]
-            groups = self._group_static(chunks, short)
-            groups += self._group_by_padding(chunks, long)
+            prompt = [i for i in short if len(chunks[i].token_ids) > 1 and chunks[i].num_logits <= 1]
+            if (
+                buckets.eager_prompt_tokens
+                and sum(len(chunks[i].token_ids) for i in prompt) >= buckets.eager_prompt_tokens
+                and len(self._group_static(chunks, prompt)) > 1  # one replay holds them: keep it
+            ):
+                short = [i for i in short if i not in set(prompt)]
+            else:
+                prompt = []
+            groups = self._group_static(chunks, short) + self._group_by_padding(chunks, long)
+            eager = self._group_by_padding(chunks, prompt)
         else:
-            groups = self._group_by_padding(chunks, list(range(len(chunks))))
+            groups, eager = self._group_by_padding(chunks, list(range(len(chunks)))), []
         # Rows in slot order make the cache read a plain slice when slots are contiguous.
-        return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
+        by_slot = [sorted(g, key=lambda i: chunks[i].slot) for g in groups + eager]
+        return [(g, k >= len(groups)) for k, g in enumerate(by_slot)]
 
     def _group_static(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
         """Bucketed groups whose padding stays within `static_padding_budget` tokens.

@@ -71,6 +71,13 @@ class GraphBuckets:
     batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     min_keys: int = 128  # smallest key bucket; buckets double up to the cache length
+    # Prompt pieces short enough for a bucket that together feed at least this many tokens in one
+    # step, and that the padding budget would split into several replays, run as one eager forward
+    # at their exact size (0: never). Past the compute knee a forward is GPU-bound, so a captured
+    # graph saves no launch time there, while the buckets would pad each piece (42 tokens -> 64)
+    # and read every weight once per replay of a few rows. 256 is the knee of every fitted H100
+    # step-cost model (`engine/cost_priors`: 135M, 4B, 8B).
+    eager_prompt_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name in ("batch", "tokens"):
@@ -79,6 +86,8 @@ class GraphBuckets:
                 raise ValueError(f"{name} buckets must be increasing positive integers, got {values}")
         if self.min_keys < 1:
             raise ValueError(f"min_keys must be >= 1, got {self.min_keys}")
+        if self.eager_prompt_tokens < 0:
+            raise ValueError(f"eager_prompt_tokens must be >= 0, got {self.eager_prompt_tokens}")
 
     def batch_bucket(self, n: int) -> int | None:
         return _bucket_up(n, self.batch)

@@ -262,7 +262,7 @@ def test_long_verify_chunks_do_not_pad_every_decode_row():
     buckets = runner.static.buckets
     chunks = [Chunk(slot=0, start=10, token_ids=list(range(1, 33)), num_logits=32)]
     chunks += [Chunk(slot=1 + k % 5, start=10, token_ids=[5], num_logits=1) for k in range(12)]
-    groups = runner._group(chunks)
+    groups = [g for g, _ in runner._group(chunks)]
     assert sorted(i for g in groups for i in g) == list(range(len(chunks)))
     for g in groups:
         width = buckets.token_bucket(max(len(chunks[i].token_ids) for i in g))
@@ -326,3 +326,58 @@ def test_proposals_fit_the_largest_token_bucket(model):
     assert seq.stats.accepted_tokens >= 30  # the proposals were the true tokens: long verify chunks ran
     unbounded = Engine(model, None, EngineConfig(num_slots=2, max_len=128, max_proposal_tokens=64), eos_token_ids=[])
     assert unbounded._max_proposal == 64  # no static forwards: the configured cap
+
+
+def test_short_prompts_that_make_a_compute_bound_forward_run_eagerly_at_their_size(model):
+    """Several short prompts in one step: one eager forward at their exact size (not bucket-padded
+    replays of a few rows each), the same tokens as `generate`; below the threshold, or with it
+    off, they stay in static forwards."""
+    batch = prompts([7, 6, 7, 5], seed=9)  # 25 prompt tokens, each piece within the 8-token bucket
+
+    def first_step(eager_prompt_tokens: int) -> tuple[Engine, list]:
+        buckets = GraphBuckets(
+            batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, eager_prompt_tokens=eager_prompt_tokens
+        )
+        cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets, static_padding_budget=4)
+        engine = Engine(model, None, cfg, eos_token_ids=[])
+        seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in batch]
+        engine.step()
+        return engine, seqs
+
+    engine, seqs = first_step(16)
+    assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 1)
+    run(engine, seqs)
+    for p, s in zip(batch, seqs):
+        assert s.output_ids == reference(model, p, 12)
+    for threshold in (0, 26):
+        engine, _ = first_step(threshold)
+        assert engine.runner.eager_forwards == 0 and engine.runner.forwards >= 2, threshold
+
+
+def test_prompt_pieces_that_fill_one_replay_stay_in_it(model):
+    """Four 8-token prompts fill the (4, 8) bucket without padding: one replay, not an eager forward."""
+    buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, eager_prompt_tokens=16)
+    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets, static_padding_budget=8)
+    engine = Engine(model, None, cfg, eos_token_ids=[])
+    batch = prompts([8, 8, 8, 8], seed=11)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in batch]
+    engine.step()
+    assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 0)
+    run(engine, seqs)
+    for p, s in zip(batch, seqs):
+        assert s.output_ids == reference(model, p, 6)
+
+
+def test_verify_chunks_never_leave_the_static_forwards():
+    """Only prompt pieces (logits for at most their last token) may run eagerly: verify chunks of
+    the same total size stay in the buckets."""
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    buckets = GraphBuckets(min_keys=8, eager_prompt_tokens=16)
+    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets)
+    runner = Engine(model, None, cfg, eos_token_ids=[]).runner
+    verify = [Chunk(slot=k, start=10, token_ids=list(range(1, 9)), num_logits=8) for k in range(4)]
+    assert all(not eager for _, eager in runner._group(verify))
+    prompt = [Chunk(slot=k, start=0, token_ids=list(range(1, 41)), num_logits=1) for k in range(4)]  # 2 replays
+    decode = [Chunk(slot=4, start=10, token_ids=[5], num_logits=1)]
+    groups = runner._group(prompt + decode)
+    assert [(sorted(g), eager) for g, eager in groups] == [([4], False), ([0, 1, 2, 3], True)]
