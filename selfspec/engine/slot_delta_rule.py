@@ -44,6 +44,11 @@ in fp32 at Qwen3.5-4B's dims within 1.7e-6 of `recurrent_rule`, a bf16 layer wit
 bound as fla's, and the engine 8.6% faster at batch 1 and 25% at batch 8 than with the gather
 (`benchmarks/engine_speed/README.md`); its graphs take about 30 s longer to capture."""
 
+PREFETCH_SWITCH = "SELFSPEC_SLOT_RULE_PREFETCH"
+"""On by default: each token's inputs are loaded while the previous token computes (the same
+arithmetic in the same order, so the same bits); set to 0 for the loop that loads each token's
+inputs when it starts, to time the two against each other on a GPU."""
+
 BLOCK_V = 32
 """Value columns per program: a [key dim x 32] fp32 tile of the state in registers (16 KB at key
 dim 128), and heads x value dim / 32 programs per row (128 per row on Qwen3.5-4B)."""
@@ -56,6 +61,17 @@ def applies(device: torch.device, dtype: torch.dtype | None = None) -> bool:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _delta_step(b_h, b_q, b_k, b_v, b_g, b_beta, scale):
+        """One token of the rule on a [key dim, value block] tile: (new state, output block)."""
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6) * scale
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_h *= tl.exp(b_g)
+        b_v -= tl.sum(b_h * b_k[:, None], 0)
+        b_v *= b_beta
+        b_h += b_k[:, None] * b_v[None, :]
+        return b_h, tl.sum(b_h * b_q[:, None], 0)
 
     @triton.jit(do_not_specialize=["T"])
     def _slot_delta_rule_kernel(
@@ -79,6 +95,7 @@ if triton is not None:
         BK: tl.constexpr,
         BV: tl.constexpr,
         KEEP_INITIAL: tl.constexpr,
+        PREFETCH: tl.constexpr,
     ):
         i_v = tl.program_id(0)
         i_nh = tl.program_id(1).to(tl.int64)
@@ -106,24 +123,46 @@ if triton is not None:
         p_o = out + (i_n * T * HV + i_hv) * V + o_v
         p_g = g + i_n * T * HV + i_hv
         p_beta = beta + i_n * T * HV + i_hv
-        for _ in tl.range(0, T):
-            b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
-            b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
-            b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6) * scale
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_h *= tl.exp(tl.load(p_g).to(tl.float32))
-            b_v -= tl.sum(b_h * b_k[:, None], 0)
-            b_v *= tl.load(p_beta).to(tl.float32)
-            b_h += b_k[:, None] * b_v[None, :]
-            b_o = tl.sum(b_h * b_q[:, None], 0)
-            tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-            p_q += H * K
-            p_k += H * K
-            p_v += HV * V
-            p_o += HV * V
-            p_g += HV
-            p_beta += HV
+        if PREFETCH:
+            # Token t's inputs are loaded during token t - 1's arithmetic: a verify or a short
+            # prefill chunk runs its tokens one after another in one program, and without the
+            # prefetch each step would wait out a global-memory round trip before its first multiply.
+            n_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+            n_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+            n_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+            n_g = tl.load(p_g).to(tl.float32)
+            n_beta = tl.load(p_beta).to(tl.float32)
+            for t in tl.range(0, T):
+                b_q, b_k, b_v, b_g, b_beta = n_q, n_k, n_v, n_g, n_beta
+                more = tl.where(t + 1 < T, 1, 0)  # the last token re-reads itself: no load out of range
+                p_q += more * H * K
+                p_k += more * H * K
+                p_v += more * HV * V
+                p_g += more * HV
+                p_beta += more * HV
+                n_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+                n_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+                n_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+                n_g = tl.load(p_g).to(tl.float32)
+                n_beta = tl.load(p_beta).to(tl.float32)
+                b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, b_g, b_beta, scale)
+                tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+                p_o += HV * V
+        else:
+            for _ in tl.range(0, T):
+                b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+                b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+                b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+                b_g = tl.load(p_g).to(tl.float32)
+                b_beta = tl.load(p_beta).to(tl.float32)
+                b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, b_g, b_beta, scale)
+                tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+                p_q += H * K
+                p_k += H * K
+                p_v += HV * V
+                p_o += HV * V
+                p_g += HV
+                p_beta += HV
         tl.store(p_state, b_h, mask=mask_h)
 
 
@@ -181,6 +220,7 @@ def run(
         BK=triton.next_power_of_2(dim_k),
         BV=block_v,
         KEEP_INITIAL=keep_initial,
+        PREFETCH=os.environ.get(PREFETCH_SWITCH, "1") != "0",
     )
     return out, initial
 

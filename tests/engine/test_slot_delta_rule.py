@@ -69,6 +69,36 @@ def test_kernel_in_slots_matches_the_torch_recurrence_interpreted():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_prefetching_loop_gives_the_same_bits_interpreted():
+    """The loop that loads token t's inputs during token t - 1 (the default) and the one that loads
+    them when t starts compute the same outputs and states, bit for bit, for 1 and 7 tokens."""
+    result = run_interpreted(
+        """
+        import json, os, torch
+        from selfspec.engine import slot_delta_rule
+        gen = torch.Generator().manual_seed(3)
+        same = []
+        for T in (1, 7):
+            B, Hk, H, K, V, S = 2, 2, 4, 16, 40, 4
+            q, k = torch.randn(B, T, Hk, K, generator=gen), torch.randn(B, T, Hk, K, generator=gen)
+            v = torch.randn(B, T, H, V, generator=gen)
+            g, beta = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+            states = torch.randn(S, H, K, V, generator=gen)
+            slots, fresh = torch.tensor([2, 0]), torch.tensor([False, True])
+            runs = []
+            for prefetch in ("1", "0"):
+                os.environ[slot_delta_rule.PREFETCH_SWITCH] = prefetch
+                mine = states.clone()
+                out, initial = slot_delta_rule.run(q, k, v, g, beta, mine, slots, fresh, keep_initial=True)
+                runs.append((out, initial, mine))
+            same.append(all(torch.equal(a, b) for a, b in zip(*runs)))
+        print(json.dumps({"same": same}))
+        """
+    )
+    assert result["same"] == [True, True], result
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("static", [False, True], ids=["eager", "static"])
 def test_engine_with_the_rule_in_slots_matches_generate_interpreted(static):
     """Prefill pieces and verify chunks through the kernel, eager and in static forwards (the
