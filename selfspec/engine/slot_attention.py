@@ -22,7 +22,28 @@ import torch
 
 from selfspec.engine.triton_env import HAVE_TRITON, available, tl, triton  # noqa: F401
 
-KEYS_PER_SPLIT = 512  # one program covers at most this many keys (then a reduce kernel merges)
+KEYS_PER_SPLIT_ENV = "SELFSPEC_SLOT_ATTENTION_KEYS_PER_SPLIT"
+
+
+def keys_per_split() -> int:
+    """Keys one program covers at most (then a reduce kernel merges the splits): 512, or
+    `SELFSPEC_SLOT_ATTENTION_KEYS_PER_SPLIT` (a multiple of 16; multiples of the 64-key block
+    load no masked keys).
+
+    Why it matters: a one-row decode over up to 512 keys runs one program per K/V head (8 on
+    Qwen3-8B), each streaming its keys alone, at about a tenth of the memory bandwidth (an H100,
+    8B, batch 1: the graph replay grew 0.49 µs per cached key from 297 to 512 keys, 13.6 ns per
+    key and layer for 4 KB of K/V). Smaller splits
+    put more programs on the keys at the price of the reduce kernel. The boundaries sit at fixed
+    multiples of this number whatever the batch, bucket or verify width, so a position gets the
+    same bits in a decode and in a verify forward for any value; it is read once, at import."""
+    value = int(os.environ.get(KEYS_PER_SPLIT_ENV, "512"))
+    if value < 16 or value % 16:
+        raise ValueError(f"{KEYS_PER_SPLIT_ENV} must be a positive multiple of 16, got {value}")
+    return value
+
+
+KEYS_PER_SPLIT = keys_per_split()
 TOKEN_BLOCKS_ENV = "SELFSPEC_SLOT_ATTENTION_TOKEN_BLOCKS"
 """Set to 1: a verify chunk's consecutive query tokens share a program (`tokens_per_program`)."""
 

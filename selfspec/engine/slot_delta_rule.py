@@ -46,8 +46,10 @@ bound as fla's, and the engine 8.6% faster at batch 1 and 25% at batch 8 than wi
 
 PREFETCH_SWITCH = "SELFSPEC_SLOT_RULE_PREFETCH"
 """On by default: each token's inputs are loaded while the previous token computes (the same
-arithmetic in the same order, so the same bits); set to 0 for the loop that loads each token's
-inputs when it starts, to time the two against each other on a GPU."""
+arithmetic in the same order: bit for bit the same under Triton's interpreter); set to 0 for the
+loop that loads each token's inputs when it starts, to time the two against each other on a GPU.
+Decode, verify and a settle's recompute run the same loop in one process, so a settled state is
+still a decode's whichever is chosen."""
 
 BLOCK_V = 32
 """Value columns per program: a [key dim x 32] fp32 tile of the state in registers (16 KB at key

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 SCRIPT = Path(__file__).parent / "scripts" / "slot_attention_checks.py"
 
 
-def _run(what: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+def _run(what: str, **extra_env: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", **extra_env}
     proc = subprocess.run([sys.executable, str(SCRIPT), what], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{what} ok" in proc.stdout
@@ -34,6 +34,24 @@ def test_kernel_matches_float64_reference():
 
 def test_engine_with_slot_attention_matches_generate():
     _run("engine")
+
+
+def test_engine_with_16_keys_per_split_matches_generate():
+    """Splits of 16 keys: the key buckets 32 and 64 merge 2 and 4 splits in the reduce kernel."""
+    _run("engine", SELFSPEC_SLOT_ATTENTION_KEYS_PER_SPLIT="16")
+
+
+def test_keys_per_split_is_read_from_the_environment(monkeypatch):
+    from selfspec.engine import slot_attention as sa
+
+    monkeypatch.delenv(sa.KEYS_PER_SPLIT_ENV, raising=False)
+    assert sa.keys_per_split() == 512
+    monkeypatch.setenv(sa.KEYS_PER_SPLIT_ENV, "128")
+    assert sa.keys_per_split() == 128
+    for bad in ("100", "0"):
+        monkeypatch.setenv(sa.KEYS_PER_SPLIT_ENV, bad)
+        with pytest.raises(ValueError, match="multiple of 16"):
+            sa.keys_per_split()
 
 
 def test_kernels_compile_for_hopper_without_a_gpu():

@@ -160,3 +160,48 @@ def test_states_that_are_not_contiguous_float32_are_refused():
     g = torch.zeros(1, 1, 1)
     with pytest.raises(ValueError, match="contiguous float32"):
         slot_delta_rule.run(q, q, v, g, g, torch.zeros(2, 1, 4, 4, dtype=torch.bfloat16), torch.tensor([0]), g.bool())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_kernel_compiles_for_hopper_without_a_gpu():
+    """Triton's front end and PTX back end run without a device: what the interpreter lets through
+    (a loop-carried value whose type changes, a scalar mask) fails here, not on the GPU. Both token
+    loops, with and without keeping the initial state, at Qwen3.5-4B's head sizes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    for keep_initial in (False, True):
+        for prefetch in (False, True):
+            signature = {
+                "q": "*bf16",
+                "k": "*bf16",
+                "v": "*bf16",
+                "g": "*fp32",
+                "beta": "*bf16",
+                "out": "*bf16",
+                "states": "*fp32",
+                "slots": "*i64",
+                "fresh": "*i1",
+                "initial": "*fp32",
+                "scale": "fp32",
+                "T": "i32",
+                "slot_stride": "i32",
+            }
+            constexprs = {
+                "H": 16,
+                "HV": 32,
+                "K": 128,
+                "V": 128,
+                "BK": 128,
+                "BV": slot_delta_rule.BLOCK_V,
+                "KEEP_INITIAL": keep_initial,
+                "PREFETCH": prefetch,
+            }
+            signature.update({name: "constexpr" for name in constexprs})
+            kernel = triton.compile(
+                ASTSource(fn=slot_delta_rule._slot_delta_rule_kernel, signature=signature, constexprs=constexprs),
+                target=target,
+            )
+            assert "ptx" in kernel.asm
