@@ -30,13 +30,15 @@ def keys_per_split() -> int:
     `SELFSPEC_SLOT_ATTENTION_KEYS_PER_SPLIT` (a multiple of 16; multiples of the 64-key block
     load no masked keys).
 
-    Why it matters: a one-row decode over up to 512 keys runs one program per K/V head (8 on
-    Qwen3-8B), each streaming its keys alone, at about a tenth of the memory bandwidth (an H100,
-    8B, batch 1: the graph replay grew 0.49 µs per cached key from 297 to 512 keys, 13.6 ns per
-    key and layer for 4 KB of K/V). Smaller splits
-    put more programs on the keys at the price of the reduce kernel. The boundaries sit at fixed
-    multiples of this number whatever the batch, bucket or verify width, so a position gets the
-    same bits in a decode and in a verify forward for any value; it is read once, at import."""
+    Why 512 (`benchmarks/decode_kernels.py`, an H100, Qwen3-8B's heads, µs per layer): a one-row
+    decode over 512 to 2,048 keys runs too few programs (8 K/V heads x 1-4 splits) and takes 10.3 /
+    12.7 µs with 512 against 8.2 / 9.2 with 256 and 6.6 / 8.7 with 128; but at 32 rows, where the
+    engine trails vLLM, smaller splits cost more (512 keys: 26.2 / 31.1 / 31.2; 8,192: 365 / 378 /
+    393), and at 8,192 keys one row takes 15.2 / 15.4 / 21.5 (the reduce kernel merges 16-64
+    splits). A one-request server with contexts under a few thousand keys may prefer 256. The
+    boundaries sit at fixed multiples of this number whatever the batch, bucket or verify width, so
+    a position gets the same bits in a decode and in a verify forward for any value; it is read once,
+    at import."""
     value = int(os.environ.get(KEYS_PER_SPLIT_ENV, "512"))
     if value < 16 or value % 16:
         raise ValueError(f"{KEYS_PER_SPLIT_ENV} must be a positive multiple of 16, got {value}")
