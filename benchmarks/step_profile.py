@@ -15,6 +15,7 @@ import json
 import torch
 
 from selfspec.engine.llm_engine import Engine, EngineConfig
+from selfspec.engine.model_runner import Chunk
 from selfspec_bench.shapes import SHAPES, shaped_config, shaped_model  # noqa: F401 (imported from here by other scripts)
 
 # Kernel classes of a step's GPU time, matched in order on the lower-cased kernel name.
@@ -36,12 +37,18 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def profile_body(engine: Engine, shape: tuple[int, int, int], verify: bool = False) -> dict:
+def profile_body(engine: Engine, shape: tuple[int, int, int], verify: bool = False, fill: bool = False) -> dict:
     """One forward of `shape` under the profiler; `verify`: the variant a linear-attention model's
-    verify chunks replay (it also keeps what a rollback needs), else the plain one."""
+    verify chunks replay (it also keeps what a rollback needs), else the plain one; `fill`: rows in
+    slots 0..B-1 whose tokens end at the key bucket, so attention reads that many keys a row (else
+    the capture's inputs: every row at position 0, attention over a key or a few)."""
     static = engine.runner.static
     built = static.snapshot_forwards if verify else static.forwards
     forward = built.get(shape) or static._build(shape, verify)
+    if fill:
+        b, t, k = shape
+        rows = [Chunk(slot=i, start=k - t, token_ids=[1] * t, num_logits=t) for i in range(b)]
+        forward.packed.copy_(static._pack(rows, shape))
     for _ in range(3):
         static._body(forward)
     torch.cuda.synchronize()
@@ -89,6 +96,7 @@ def main() -> None:
     parser.add_argument("--batch", default="1", help="comma list of batch sizes")
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--verify", action="store_true", help="the verify variant (linear-attention models)")
+    parser.add_argument("--fill", action="store_true", help="each row attends over --keys keys (else position 0)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--variants", default="graph,graph+compile,graph+compile+slot,graph+compile+slot+skinny")
@@ -114,7 +122,7 @@ def main() -> None:
         for batch in (int(b) for b in args.batch.split(",")):
             shape = (batch, args.tokens, args.keys)
             key = label if batch == 1 else f"{label} B={batch}"
-            results[key] = r = profile_body(engine, shape, args.verify)
+            results[key] = r = profile_body(engine, shape, args.verify, args.fill)
             r["graph_stats"] = engine.runner.static.stats()
             if engine.skinny_gemms is not None:
                 r["skinny_gemms"] = engine.skinny_gemms.report()
