@@ -168,3 +168,45 @@ def test_collect_files_new_records_for_review_or_into_records_dir(tmp_path: Path
         check=True,
     )
     assert gzip.open(target / "new_run.jsonl.gz", "rt").read() == '{"sample_id": "a"}\n'
+
+
+def test_skip_turns_later_commands_into_comments_in_place(tmp_path: Path):
+    """`skip` on a running queue: the named commands that have not started never run, the one running
+    runs on, and the reader, halfway through the file, still finds the lines after them."""
+    repo = tmp_path / "repo"
+    (repo / "tools" / "gpu").mkdir(parents=True)
+    shutil.copy(SCRIPT, repo / "tools" / "gpu" / "device_queue.sh")
+    (repo / "q_skip.txt").write_text(
+        "# header\nsleep 2; touch $Q_OUT/one\ntouch $Q_OUT/two\n  touch $Q_OUT/three\ntouch $Q_OUT/four\n"
+    )
+    env = {
+        **os.environ,
+        "DEVICE_QUEUE_ROOT": str(tmp_path / "out"),
+        "DEVICE_QUEUE_TREES": str(tmp_path / "trees"),
+        "OUT": str(tmp_path / "collected"),
+    }
+    (tmp_path / "collected").mkdir()
+    subprocess.run(["bash", "tools/gpu/device_queue.sh", "start", "0", "q_skip.txt"], cwd=repo, env=env, check=True)
+    qout = tmp_path / "out" / "q_skip"
+    for _ in range(50):  # until the first command has started
+        if (qout / "logs" / "01.log").exists():
+            break
+        time.sleep(0.05)
+    size = (qout / "queue.txt").stat().st_size
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "skip", "q_skip", "1", "3", "7"], env=env, capture_output=True, text=True, check=True
+    )
+    assert "command 1 has started" in result.stdout
+    assert "command 3 will not run" in result.stdout and "no command 7" in result.stdout
+    assert (qout / "queue.txt").stat().st_size == size
+    for _ in range(100):
+        if (qout / "done").exists():
+            break
+        time.sleep(0.1)
+    assert sorted(p.name for p in qout.iterdir() if p.is_file() and p.name in {"one", "two", "three", "four"}) == [
+        "four",
+        "one",
+        "two",
+    ]
+    bad = subprocess.run(["bash", str(SCRIPT), "skip", "no_such_queue", "1"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2

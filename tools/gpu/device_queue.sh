@@ -8,6 +8,15 @@
 #   bash tools/gpu/device_queue.sh collect SECONDS        # waits while queues run (at most
 #                                                         # SECONDS), packing /tmp/out/<queue>/
 #                                                         # into $OUT/<queue>.tgz every 20 s
+#   bash tools/gpu/device_queue.sh skip QUEUE N [N ...]   # a running queue will not run its N-th
+#                                                         # commands (1: the first non-comment line
+#                                                         # as the file stands; a skipped one no
+#                                                         # longer counts) when their turn comes;
+#                                                         # one already started runs on
+#
+# `skip` is for a block that runs short of time: the queue reads its copy of the file a line at a
+# time, so the command is turned into a comment in place, one byte for one, and the lines after it
+# stay where the reader expects them.
 #
 # Why: a device call lasts at most 10 minutes, the machine is held for at most 30, and it is
 # given back 30 s after a call ends. A queue started in its own process session (setsid)
@@ -94,5 +103,34 @@ case "${1:-}" in
       last=$(ls "$q"/logs/[0-9]*.log 2>/dev/null | tail -1); [ -n "$last" ] && tail -3 "$last" | cut -c1-300
     done
     ;;
-  *) echo "usage: device_queue.sh start GPU QUEUE_FILE | collect SECONDS" >&2; exit 2 ;;
+  skip)
+    name=${2:-}; shift 2 2>/dev/null || true
+    file=$root/$name/queue.txt
+    [ -n "$name" ] && [ -f "$file" ] && [ $# -gt 0 ] || { echo "usage: device_queue.sh skip QUEUE N [N ...]" >&2; exit 2; }
+    started=$(ls "$root/$name"/logs/[0-9]*.log 2>/dev/null | wc -l)
+    python3 - "$file" "$started" "$@" <<'PY'
+import sys
+
+path, started, wanted = sys.argv[1], int(sys.argv[2]), [int(n) for n in sys.argv[3:]]
+data = bytearray(open(path, "rb").read())
+offset, number, found = 0, 0, set()
+for line in bytes(data).split(b"\n"):
+    text = line.strip()
+    if text and not text.startswith(b"#"):
+        number += 1
+        if number in wanted:
+            found.add(number)
+            if number <= started:
+                print(f"device_queue: command {number} has started; it runs on")
+            else:
+                data[offset + line.index(text[:1])] = ord("#")  # one byte for one: the reader's offset holds
+                print(f"device_queue: command {number} will not run: {text[:100].decode(errors='replace')}")
+    offset += len(line) + 1
+for n in sorted(set(wanted) - found):
+    print(f"device_queue: no command {n} (the queue has {number})")
+with open(path, "r+b") as fh:
+    fh.write(data)
+PY
+    ;;
+  *) echo "usage: device_queue.sh start GPU QUEUE_FILE | collect SECONDS | skip QUEUE N [N ...]" >&2; exit 2 ;;
 esac
