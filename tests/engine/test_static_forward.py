@@ -334,21 +334,32 @@ def test_short_prompts_that_make_a_compute_bound_forward_run_eagerly_at_their_si
     off, they stay in static forwards."""
     batch = prompts([7, 6, 7, 5], seed=9)  # 25 prompt tokens, each piece within the 8-token bucket
 
-    def first_step(eager_prompt_tokens: int) -> tuple[Engine, list]:
+    def first_step(eager_prompt_tokens: int, decode_ahead: bool = False) -> tuple[Engine, list]:
         buckets = GraphBuckets(
             batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, eager_prompt_tokens=eager_prompt_tokens
         )
-        cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets, static_padding_budget=4)
+        cfg = EngineConfig(
+            num_slots=6,
+            max_len=128,
+            static_shapes=True,
+            graph_buckets=buckets,
+            static_padding_budget=4,
+            decode_ahead=decode_ahead,
+        )
         engine = Engine(model, None, cfg, eos_token_ids=[])
         seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in batch]
         engine.step()
         return engine, seqs
 
-    engine, seqs = first_step(16)
-    assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 1)
-    run(engine, seqs)
-    for p, s in zip(batch, seqs):
-        assert s.output_ids == reference(model, p, 12)
+    for decode_ahead in (False, True):  # the steps after the eager prefill decode ahead again
+        engine, seqs = first_step(16, decode_ahead)
+        assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 1)
+        run(engine, seqs)
+        for p, s in zip(batch, seqs):
+            assert s.output_ids == reference(model, p, 12)
+        assert engine.runner.eager_forwards == 1
+        if decode_ahead:
+            assert engine.runner.ahead.launched > 0
     for threshold in (0, 26):
         engine, _ = first_step(threshold)
         assert engine.runner.eager_forwards == 0 and engine.runner.forwards >= 2, threshold
