@@ -55,7 +55,7 @@ def time_delta_rule(rows: int, tokens: int, prefetch: bool, gen: torch.Generator
     states = (0.1 * torch.randn(rows + 1, hv, dk, dv, generator=gen)).to(dev)
     slots = torch.arange(rows, device=dev)
     fresh = torch.zeros(rows, dtype=torch.bool, device=dev)
-    os.environ[slot_delta_rule.PREFETCH_SWITCH] = "1" if prefetch else "0"
+    slot_delta_rule.PREFETCH = prefetch  # read by `run` at each call
     first = states.clone()
     out, _ = slot_delta_rule.run(q, k, v, g, beta, first, slots, fresh, keep_initial=tokens > 1)
     work = states.clone()

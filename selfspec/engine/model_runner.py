@@ -342,15 +342,17 @@ class ModelRunner:
             max_t = max(buckets.tokens)
             short = [i for i in range(len(chunks)) if len(chunks[i].token_ids) <= max_t]
             long = [i for i in range(len(chunks)) if len(chunks[i].token_ids) > max_t]
-            prompt = [i for i in short if len(chunks[i].token_ids) > 1 and chunks[i].num_logits <= 1]
-            if (
-                buckets.eager_prompt_tokens
-                and sum(len(chunks[i].token_ids) for i in prompt) >= buckets.eager_prompt_tokens
-                and len(self._group_static(chunks, prompt)) > 1  # one replay holds them: keep it
-            ):
-                short = [i for i in short if i not in set(prompt)]
-            else:
-                prompt = []
+            prompt = []
+            if buckets.eager_prompt_tokens:
+                prompt = [i for i in short if len(chunks[i].token_ids) > 1 and chunks[i].num_logits <= 1]
+                if (
+                    sum(len(chunks[i].token_ids) for i in prompt) >= buckets.eager_prompt_tokens
+                    and len(self._group_static(chunks, prompt)) > 1  # one replay holds them: keep it
+                ):
+                    moved = set(prompt)
+                    short = [i for i in short if i not in moved]
+                else:
+                    prompt = []
             groups = self._group_static(chunks, short) + self._group_by_padding(chunks, long)
             eager = self._group_by_padding(chunks, prompt)
         else:

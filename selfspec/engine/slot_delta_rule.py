@@ -45,11 +45,12 @@ bound as fla's, and the engine 8.6% faster at batch 1 and 25% at batch 8 than wi
 (`benchmarks/engine_speed/README.md`); its graphs take about 30 s longer to capture."""
 
 PREFETCH_SWITCH = "SELFSPEC_SLOT_RULE_PREFETCH"
-"""On by default: each token's inputs are loaded while the previous token computes (the same
-arithmetic in the same order: bit for bit the same under Triton's interpreter); set to 0 for the
-loop that loads each token's inputs when it starts, to time the two against each other on a GPU.
-Decode, verify and a settle's recompute run the same loop in one process, so a settled state is
-still a decode's whichever is chosen."""
+PREFETCH = os.environ.get(PREFETCH_SWITCH, "1") != "0"
+"""On by default (`SELFSPEC_SLOT_RULE_PREFETCH`, read at import): each token's inputs are loaded
+while the previous token computes (the same arithmetic in the same order; on an H100 the same bits,
+0.76x the time at 32 tokens, `benchmarks/decode_kernels.py`); `0` runs the loop that loads each
+token's inputs when it starts, to time the two against each other. Decode, verify and a settle's
+recompute run the same loop in one process, so a settled state is still a decode's."""
 
 BLOCK_V = 32
 """Value columns per program: a [key dim x 32] fp32 tile of the state in registers (16 KB at key
@@ -63,6 +64,14 @@ def applies(device: torch.device, dtype: torch.dtype | None = None) -> bool:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _load_token(p_q, p_k, p_v, p_g, p_beta, mask_k, mask_v):
+        """One token's q, k (key block), v (value block), g and beta, in fp32."""
+        b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+        return b_q, b_k, b_v, tl.load(p_g).to(tl.float32), tl.load(p_beta).to(tl.float32)
 
     @triton.jit
     def _delta_step(b_h, b_q, b_k, b_v, b_g, b_beta, scale):
@@ -129,11 +138,7 @@ if triton is not None:
             # Token t's inputs are loaded during token t - 1's arithmetic: a verify or a short
             # prefill chunk runs its tokens one after another in one program, and without the
             # prefetch each step would wait out a global-memory round trip before its first multiply.
-            n_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
-            n_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
-            n_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
-            n_g = tl.load(p_g).to(tl.float32)
-            n_beta = tl.load(p_beta).to(tl.float32)
+            n_q, n_k, n_v, n_g, n_beta = _load_token(p_q, p_k, p_v, p_g, p_beta, mask_k, mask_v)
             for t in tl.range(0, T):
                 b_q, b_k, b_v, b_g, b_beta = n_q, n_k, n_v, n_g, n_beta
                 more = tl.where(t + 1 < T, 1, 0)  # the last token re-reads itself: no load out of range
@@ -142,21 +147,13 @@ if triton is not None:
                 p_v += more * HV * V
                 p_g += more * HV
                 p_beta += more * HV
-                n_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
-                n_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
-                n_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
-                n_g = tl.load(p_g).to(tl.float32)
-                n_beta = tl.load(p_beta).to(tl.float32)
+                n_q, n_k, n_v, n_g, n_beta = _load_token(p_q, p_k, p_v, p_g, p_beta, mask_k, mask_v)
                 b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, b_g, b_beta, scale)
                 tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
                 p_o += HV * V
         else:
             for _ in tl.range(0, T):
-                b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
-                b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
-                b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
-                b_g = tl.load(p_g).to(tl.float32)
-                b_beta = tl.load(p_beta).to(tl.float32)
+                b_q, b_k, b_v, b_g, b_beta = _load_token(p_q, p_k, p_v, p_g, p_beta, mask_k, mask_v)
                 b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, b_g, b_beta, scale)
                 tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
                 p_q += H * K
@@ -222,7 +219,7 @@ def run(
         BK=triton.next_power_of_2(dim_k),
         BV=block_v,
         KEEP_INITIAL=keep_initial,
-        PREFETCH=os.environ.get(PREFETCH_SWITCH, "1") != "0",
+        PREFETCH=PREFETCH,
     )
     return out, initial
 

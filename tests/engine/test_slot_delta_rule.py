@@ -74,7 +74,7 @@ def test_prefetching_loop_gives_the_same_bits_interpreted():
     them when t starts compute the same outputs and states, bit for bit, for 1 and 7 tokens."""
     result = run_interpreted(
         """
-        import json, os, torch
+        import json, torch
         from selfspec.engine import slot_delta_rule
         gen = torch.Generator().manual_seed(3)
         same = []
@@ -86,8 +86,8 @@ def test_prefetching_loop_gives_the_same_bits_interpreted():
             states = torch.randn(S, H, K, V, generator=gen)
             slots, fresh = torch.tensor([2, 0]), torch.tensor([False, True])
             runs = []
-            for prefetch in ("1", "0"):
-                os.environ[slot_delta_rule.PREFETCH_SWITCH] = prefetch
+            for prefetch in (True, False):
+                slot_delta_rule.PREFETCH = prefetch
                 mine = states.clone()
                 out, initial = slot_delta_rule.run(q, k, v, g, beta, mine, slots, fresh, keep_initial=True)
                 runs.append((out, initial, mine))
