@@ -328,19 +328,19 @@ def main() -> None:
         "--smoke", action="store_true", help="CPU: run the GPU-only parts on the uncaptured static path"
     )
     parser.add_argument(
-        "--eager-prompt-tokens",
+        "--prompt-replay-tokens",
         type=int,
         default=None,
-        help="GraphBuckets.eager_prompt_tokens for the graph engines (0: short prompt pieces stay in the buckets)",
+        help="GraphBuckets.prompt_replay_tokens for the graph engines (0: prompt pieces share the padding budget)",
     )
     args = parser.parse_args()
     if args.smoke:
         GRAPH.clear()
         GRAPH.update(static_shapes=True, decode_ahead=True)
-    if args.eager_prompt_tokens is not None:
+    if args.prompt_replay_tokens is not None:
         from selfspec.engine.static_forward import GraphBuckets
 
-        GRAPH["graph_buckets"] = GraphBuckets(eager_prompt_tokens=args.eager_prompt_tokens)
+        GRAPH["graph_buckets"] = GraphBuckets(prompt_replay_tokens=args.prompt_replay_tokens)
 
     import transformers
 

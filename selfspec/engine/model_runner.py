@@ -241,9 +241,9 @@ class ModelRunner:
         return out
 
     def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
-        for group, eager in self._group(chunks):
+        for group in self._group(chunks):
             group_chunks = [chunks[i] for i in group]
-            shape = self.static.shape_for(group_chunks) if self.static is not None and not eager else None
+            shape = self.static.shape_for(group_chunks) if self.static is not None else None
             if shape is not None:
                 logits, top = self.static.run(group_chunks, shape)
                 label = self._shape_labels.get(shape)
@@ -323,9 +323,8 @@ class ModelRunner:
             self.state.forget(slot)
 
     # ------------------------------------------------------------------ internals
-    def _group(self, chunks: list[Chunk]) -> list[tuple[list[int], bool]]:
-        """Split chunks into forwards so that padding stays bounded; each group comes with whether
-        it must run eagerly (at its exact size) although it fits a static bucket.
+    def _group(self, chunks: list[Chunk]) -> list[list[int]]:
+        """Split chunks into forwards so that padding stays bounded.
 
         One forward per step is best when steps are launch-bound (GPU); on a CPU the padded
         tokens cost real compute. Greedy: longest first, add while padded/real stays under
@@ -333,33 +332,31 @@ class ModelRunner:
         """
         if self.static is not None:
             # Static forwards: short chunks go together up to the largest batch bucket (a
-            # replay costs about the same whatever it carries); long prefill pieces run eagerly,
-            # and so do short prompt pieces that together make a compute-bound forward
-            # (`GraphBuckets.eager_prompt_tokens`) the buckets would split into several replays
-            # (each a full weight read), in a group of their own: padded to a long piece's width
-            # they would cost more than their own forward.
+            # replay costs about the same whatever it carries); long prefill pieces run eagerly.
+            # Prompt pieces that the padding budget would split into several replays (each a
+            # full weight read) get replays of their own, filled up to
+            # `GraphBuckets.prompt_replay_tokens` padded tokens.
             buckets = self.static.buckets
             max_t = max(buckets.tokens)
             short = [i for i in range(len(chunks)) if len(chunks[i].token_ids) <= max_t]
             long = [i for i in range(len(chunks)) if len(chunks[i].token_ids) > max_t]
             prompt = []
-            if buckets.eager_prompt_tokens:
+            if buckets.prompt_replay_tokens:
                 prompt = [i for i in short if len(chunks[i].token_ids) > 1 and chunks[i].num_logits <= 1]
-                if (
-                    sum(len(chunks[i].token_ids) for i in prompt) >= buckets.eager_prompt_tokens
-                    and len(self._group_static(chunks, prompt)) > 1  # one replay holds them: keep it
-                ):
+                if len(self._group_static(chunks, prompt)) > 1:  # one replay holds them: keep it
                     moved = set(prompt)
                     short = [i for i in short if i not in moved]
                 else:
                     prompt = []
-            groups = self._group_static(chunks, short) + self._group_by_padding(chunks, long)
-            eager = self._group_by_padding(chunks, prompt)
+            groups = (
+                self._group_static(chunks, short)
+                + self._group_prompts(chunks, prompt)
+                + self._group_by_padding(chunks, long)
+            )
         else:
-            groups, eager = self._group_by_padding(chunks, list(range(len(chunks)))), []
+            groups = self._group_by_padding(chunks, list(range(len(chunks))))
         # Rows in slot order make the cache read a plain slice when slots are contiguous.
-        by_slot = [sorted(g, key=lambda i: chunks[i].slot) for g in groups + eager]
-        return [(g, k >= len(groups)) for k, g in enumerate(by_slot)]
+        return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
 
     def _group_static(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
         """Bucketed groups whose padding stays within `static_padding_budget` tokens.
@@ -378,6 +375,18 @@ class ModelRunner:
         def full(rows: int, width: int, real: int, n: int) -> bool:
             padded_rows = buckets.batch_bucket(rows + 1) or max_b + 1
             return rows == max_b or padded_rows * width - (real + n) > self.static_padding_budget
+
+        return _greedy_groups(chunks, indices, full, lambda n: buckets.token_bucket(n) or n)
+
+    def _group_prompts(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
+        """Bucketed groups of prompt pieces, each at most `GraphBuckets.prompt_replay_tokens`
+        padded tokens (batch bucket x token bucket; a lone piece always fits)."""
+        assert self.static is not None
+        buckets = self.static.buckets
+        max_b, limit = max(buckets.batch), buckets.prompt_replay_tokens
+
+        def full(rows: int, width: int, real: int, n: int) -> bool:
+            return rows == max_b or (buckets.batch_bucket(rows + 1) or max_b + 1) * width > limit
 
         return _greedy_groups(chunks, indices, full, lambda n: buckets.token_bucket(n) or n)
 

@@ -71,13 +71,17 @@ class GraphBuckets:
     batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     min_keys: int = 128  # smallest key bucket; buckets double up to the cache length
-    # Prompt pieces short enough for a bucket that together feed at least this many tokens in one
-    # step, and that the padding budget would split into several replays, run as one eager forward
-    # at their exact size (0: never). Past the compute knee a forward is GPU-bound, so a captured
-    # graph saves no launch time there, while the buckets would pad each piece (42 tokens -> 64)
-    # and read every weight once per replay of a few rows. 256 is the knee of every fitted H100
-    # step-cost model (`engine/cost_priors`: 135M, 4B, 8B).
-    eager_prompt_tokens: int = 256
+    # Prompt pieces (several tokens, logits for at most the last) that the padding budget would
+    # split into several replays are grouped among themselves: a piece joins the current replay
+    # while its padded size (batch bucket x token bucket) stays within this many tokens (0: they
+    # share the padding budget with the other rows). Each replay reads every weight, so 32 prompts
+    # of 42 tokens in 16 replays of two rows cost ~87 ms at Qwen3-4B on an H100 by the fitted
+    # step-cost model (`engine/cost_priors`), in replays of 256 padded tokens ~52 ms; one eager
+    # forward at their exact size measured ~65 ms (its launches cost more than the padding saves,
+    # and at 8 prompts it lost to the replays: `benchmarks/engine_speed/README.md`). 256 is the
+    # compute knee of every fitted H100 model (135M, 4B, 8B): up to it a replay's extra tokens
+    # cost little beside the weight read, past it they cost compute that a new replay would not.
+    prompt_replay_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name in ("batch", "tokens"):
@@ -86,8 +90,8 @@ class GraphBuckets:
                 raise ValueError(f"{name} buckets must be increasing positive integers, got {values}")
         if self.min_keys < 1:
             raise ValueError(f"min_keys must be >= 1, got {self.min_keys}")
-        if self.eager_prompt_tokens < 0:
-            raise ValueError(f"eager_prompt_tokens must be >= 0, got {self.eager_prompt_tokens}")
+        if self.prompt_replay_tokens < 0:
+            raise ValueError(f"prompt_replay_tokens must be >= 0, got {self.prompt_replay_tokens}")
 
     def batch_bucket(self, n: int) -> int | None:
         return _bucket_up(n, self.batch)

@@ -55,15 +55,13 @@ class DraftModelRunner:
         self.model = model
         # On a GPU the draft's one-token steps are launch-bound like the target's: same static
         # shapes, CUDA graphs, fused twins (shared with the target's layers) and slot attention.
-        # A draft is small: an eager forward stays launch-bound far past the compute knee, so its
-        # catch-up chunks stay in the buckets however many tokens they feed together.
         cuda = next(model.parameters()).device.type == "cuda"
         self.runner = ModelRunner(
             model,
             num_slots=num_slots,
             max_len=max_len,
             max_padding_ratio=1e9,
-            static_shapes=GraphBuckets(eager_prompt_tokens=0) if cuda else None,
+            static_shapes=GraphBuckets() if cuda else None,
             capture_graphs=cuda,
             fused_pointwise=cuda,
             slot_attention=cuda,

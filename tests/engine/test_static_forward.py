@@ -262,7 +262,7 @@ def test_long_verify_chunks_do_not_pad_every_decode_row():
     buckets = runner.static.buckets
     chunks = [Chunk(slot=0, start=10, token_ids=list(range(1, 33)), num_logits=32)]
     chunks += [Chunk(slot=1 + k % 5, start=10, token_ids=[5], num_logits=1) for k in range(12)]
-    groups = [g for g, _ in runner._group(chunks)]
+    groups = runner._group(chunks)
     assert sorted(i for g in groups for i in g) == list(range(len(chunks)))
     for g in groups:
         width = buckets.token_bucket(max(len(chunks[i].token_ids) for i in g))
@@ -328,22 +328,22 @@ def test_proposals_fit_the_largest_token_bucket(model):
     assert unbounded._max_proposal == 64  # no static forwards: the configured cap
 
 
-def test_short_prompts_that_make_a_compute_bound_forward_run_eagerly_at_their_size(model):
-    """Several short prompts in one step: one eager forward at their exact size (not bucket-padded
-    replays of a few rows each), the same tokens as `generate`; below the threshold, or with it
-    off, they stay in static forwards."""
-    batch = prompts([7, 6, 7, 5], seed=9)  # 25 prompt tokens, each piece within the 8-token bucket
+def test_prompt_pieces_fill_replays_up_to_the_prompt_replay_tokens(model):
+    """Several short prompts in one step that the padding budget would split into replays of a
+    few rows each: replays of their own, each up to `prompt_replay_tokens` padded tokens, the same
+    tokens as `generate` (also decoding ahead afterwards); with it off they share the budget."""
+    batch = prompts([7, 6, 7, 5], seed=9)  # each piece within the 8-token bucket
 
-    def first_step(eager_prompt_tokens: int, decode_ahead: bool = False) -> tuple[Engine, list]:
+    def first_step(prompt_replay_tokens: int, decode_ahead: bool = False) -> tuple[Engine, list]:
         buckets = GraphBuckets(
-            batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, eager_prompt_tokens=eager_prompt_tokens
+            batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, prompt_replay_tokens=prompt_replay_tokens
         )
         cfg = EngineConfig(
             num_slots=6,
             max_len=128,
             static_shapes=True,
             graph_buckets=buckets,
-            static_padding_budget=4,
+            static_padding_budget=4,  # two 8-wide rows per replay under the budget alone
             decode_ahead=decode_ahead,
         )
         engine = Engine(model, None, cfg, eos_token_ids=[])
@@ -351,44 +351,41 @@ def test_short_prompts_that_make_a_compute_bound_forward_run_eagerly_at_their_si
         engine.step()
         return engine, seqs
 
-    for decode_ahead in (False, True):  # the steps after the eager prefill decode ahead again
-        engine, seqs = first_step(16, decode_ahead)
-        assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 1)
+    for decode_ahead in (False, True):
+        engine, seqs = first_step(32, decode_ahead)  # (4 rows x 8 tokens) = 32: one replay
+        assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 0)
         run(engine, seqs)
         for p, s in zip(batch, seqs):
             assert s.output_ids == reference(model, p, 12)
-        assert engine.runner.eager_forwards == 1
+        assert engine.runner.eager_forwards == 0
         if decode_ahead:
             assert engine.runner.ahead.launched > 0
-    for threshold in (0, 26):
-        engine, _ = first_step(threshold)
-        assert engine.runner.eager_forwards == 0 and engine.runner.forwards >= 2, threshold
+    for limit, forwards in ((16, 2), (0, 3), (8, 4)):  # 16: two rows a replay; 8: a lone piece always fits
+        engine, _ = first_step(limit)
+        assert (engine.runner.forwards, engine.runner.eager_forwards) == (forwards, 0), limit
 
 
-def test_prompt_pieces_that_fill_one_replay_stay_in_it(model):
-    """Four 8-token prompts fill the (4, 8) bucket without padding: one replay, not an eager forward."""
-    buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, eager_prompt_tokens=16)
-    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets, static_padding_budget=8)
-    engine = Engine(model, None, cfg, eos_token_ids=[])
-    batch = prompts([8, 8, 8, 8], seed=11)
-    seqs = [engine.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in batch]
-    engine.step()
-    assert (engine.runner.forwards, engine.runner.eager_forwards) == (1, 0)
-    run(engine, seqs)
-    for p, s in zip(batch, seqs):
-        assert s.output_ids == reference(model, p, 6)
-
-
-def test_verify_chunks_never_leave_the_static_forwards():
-    """Only prompt pieces (logits for at most their last token) may run eagerly: verify chunks of
-    the same total size stay in the buckets."""
+def test_prompt_pieces_that_fill_one_replay_stay_with_the_other_rows():
+    """Prompt pieces that one replay holds under the padding budget stay in the shared grouping."""
     model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
-    buckets = GraphBuckets(min_keys=8, eager_prompt_tokens=16)
-    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets)
+    buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, prompt_replay_tokens=16)
+    cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets, static_padding_budget=8)
     runner = Engine(model, None, cfg, eos_token_ids=[]).runner
-    verify = [Chunk(slot=k, start=10, token_ids=list(range(1, 9)), num_logits=8) for k in range(4)]
-    assert all(not eager for _, eager in runner._group(verify))
-    prompt = [Chunk(slot=k, start=0, token_ids=list(range(1, 41)), num_logits=1) for k in range(4)]  # 2 replays
-    decode = [Chunk(slot=4, start=10, token_ids=[5], num_logits=1)]
-    groups = runner._group(prompt + decode)
-    assert [(sorted(g), eager) for g, eager in groups] == [([4], False), ([0, 1, 2, 3], True)]
+    prompt = [Chunk(slot=k, start=0, token_ids=list(range(1, 9)), num_logits=1) for k in range(4)]  # (4, 8), no padding
+    assert [sorted(g) for g in runner._group(prompt)] == [[0, 1, 2, 3]]
+
+
+def test_only_prompt_pieces_leave_the_shared_grouping():
+    """Verify chunks (logits for several tokens) keep the padding budget; prompt pieces the budget
+    would split go to replays of their own, away from the decode rows."""
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    buckets = GraphBuckets(min_keys=8, prompt_replay_tokens=256)
+    cfg = EngineConfig(num_slots=8, max_len=128, static_shapes=True, graph_buckets=buckets)
+    runner = Engine(model, None, cfg, eos_token_ids=[]).runner
+    verify = [Chunk(slot=k, start=10, token_ids=list(range(1, 41)), num_logits=40) for k in range(4)]
+    assert [sorted(g) for g in runner._group(verify)] == [[0, 1], [2, 3]]  # the budget: two 64-wide rows a replay
+    prompt = [Chunk(slot=k, start=0, token_ids=list(range(1, 41)), num_logits=1) for k in range(6)]
+    decode = [Chunk(slot=6, start=10, token_ids=[5], num_logits=1)]
+    groups = [sorted(g) for g in runner._group(prompt + decode)]
+    # Decode rows alone; prompts in replays of at most 256 padded tokens: (4 x 64), then (2 x 64).
+    assert groups == [[6], [0, 1, 2, 3], [4, 5]]

@@ -398,6 +398,9 @@ def check_real(model_name: str, tokens: int, device: str, tokenizer: str | None 
     prompt = build_prompt_ids(
         tok, "Write a long, detailed tutorial on Python classes with many examples.", fmt, enable_thinking=False
     )
+    # Teacher forcing scores every reference token but the first (the prefill's) and, in chunks of
+    # one, the last: two more make at least `tokens` scored positions.
+    tokens += 2
     max_len = len(prompt) + tokens + 64
     eager = Engine(model, tok, EngineConfig(num_slots=2, max_len=max_len, cuda_graphs=False), eos_token_ids=[])
     seq = eager.add_request(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
