@@ -67,11 +67,24 @@ from selfspec.engine.state_cache import SlotStateCache  # noqa: E402
 
 RESULTS: list[dict] = []
 DEVICE = "cuda"  # `--dry-run`: cpu (both paths are torch there; only the script's logic runs)
+SUMMARY: dict = {}
+OUT: Path | None = None  # `--out`: rewritten after every check, so a run cut off by a timeout keeps what passed
 
 
 def report(name: str, ok: bool, **detail) -> None:
     RESULTS.append({"check": name, "ok": bool(ok), **detail})
     print(("PASS " if ok else "FAIL ") + name + " " + json.dumps(detail), flush=True)
+    write_summary(finished=False)
+
+
+def write_summary(finished: bool) -> str:
+    """The JSON summary (`finished` False while checks remain), also to `OUT` when set."""
+    summary = {**SUMMARY, "results": RESULTS, "ok": all(r["ok"] for r in RESULTS), "finished": finished}
+    text = json.dumps(summary, indent=2)
+    if OUT is not None:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(text)
+    return text
 
 
 @contextlib.contextmanager
@@ -387,13 +400,15 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model: the script's logic only")
     parser.add_argument("--reference-out", default=None, help=argparse.SUPPRESS)  # the reference process
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, OUT
     if args.reference_out:
         if args.shape == "tiny":
             DEVICE = "cpu"
         torch.save(compute_references(args.shape, args.positions), args.reference_out)
         return 0
-    summary: dict = {"fla_usable": fla_kernels.USABLE, "fla_reason": fla_kernels.REASON}
+    OUT = Path(args.out) if args.out else None
+    summary = SUMMARY
+    summary.update(fla_usable=fla_kernels.USABLE, fla_reason=fla_kernels.REASON)
     if args.dry_run:
         DEVICE, args.shape, args.positions = "cpu", "tiny", min(args.positions, 64)
         refs = references(args.shape, args.positions)
@@ -411,14 +426,8 @@ def main() -> int:
         check_end_to_end_fp32(args.shape, refs)
         check_end_to_end_bf16(args.shape, args.positions, refs)
         summary["seconds"] = round(time.perf_counter() - start, 1)
-    summary["results"] = RESULTS
-    summary["ok"] = all(r["ok"] for r in RESULTS)
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-    return 0 if summary["ok"] else 1
+    print(write_summary(finished=True))
+    return 0 if all(r["ok"] for r in RESULTS) else 1
 
 
 if __name__ == "__main__":
