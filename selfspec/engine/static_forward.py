@@ -77,8 +77,8 @@ class GraphBuckets:
     # share the padding budget with the other rows). Each replay reads every weight, so 32 prompts
     # of 42 tokens in 16 replays of two rows cost ~87 ms at Qwen3-4B on an H100 by the fitted
     # step-cost model (`engine/cost_priors`), in replays of 256 padded tokens ~52 ms; one eager
-    # forward at their exact size measured ~65 ms (its launches cost more than the padding saves,
-    # and at 8 prompts it lost to the replays: `benchmarks/engine_speed/README.md`). 256 is the
+    # forward at their exact size cost ~65 ms by two H100 runs (its launches cost more than the
+    # padding saves; at 8 prompts it lost to the replays: `benchmarks/engine_speed/README.md`). 256 is the
     # compute knee of every fitted H100 model (135M, 4B, 8B): up to it a replay's extra tokens
     # cost little beside the weight read, past it they cost compute that a new replay would not.
     prompt_replay_tokens: int = 256
