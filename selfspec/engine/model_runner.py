@@ -350,7 +350,7 @@ class ModelRunner:
                     prompt = []
             groups = (
                 self._group_static(chunks, short)
-                + self._group_prompts(chunks, prompt)
+                + self._group_static(chunks, prompt, buckets.prompt_replay_tokens)
                 + self._group_by_padding(chunks, long)
             )
         else:
@@ -358,35 +358,29 @@ class ModelRunner:
         # Rows in slot order make the cache read a plain slice when slots are contiguous.
         return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
 
-    def _group_static(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
-        """Bucketed groups whose padding stays within `static_padding_budget` tokens.
+    def _group_static(
+        self, chunks: list[Chunk], indices: list[int], padded_limit: int | None = None
+    ) -> list[list[int]]:
+        """Bucketed groups whose padding stays within `static_padding_budget` tokens, or, with
+        `padded_limit`, whose padded size does (prompt pieces: `GraphBuckets.prompt_replay_tokens`).
 
         A replay costs about the same for a few or a few hundred tokens, so decode rows
         share one. But one 64-token verify chunk among 15 decode rows would pad them all to
         64 (1,024 tokens): compute-bound (measured on the H200: ~22 ms per step in fp32
         instead of ~4). A row joins the current group while the padded tokens (batch bucket
-        x token bucket) minus the real ones stay within the budget; otherwise it starts the
-        next group (one more replay, ~one decode step).
+        x token bucket) minus the real ones stay within the budget (or all of them within the
+        limit); otherwise it starts the next group (one more replay, ~one decode step). A lone
+        row always fits.
         """
         assert self.static is not None
         buckets = self.static.buckets
         max_b = max(buckets.batch)
 
         def full(rows: int, width: int, real: int, n: int) -> bool:
-            padded_rows = buckets.batch_bucket(rows + 1) or max_b + 1
-            return rows == max_b or padded_rows * width - (real + n) > self.static_padding_budget
-
-        return _greedy_groups(chunks, indices, full, lambda n: buckets.token_bucket(n) or n)
-
-    def _group_prompts(self, chunks: list[Chunk], indices: list[int]) -> list[list[int]]:
-        """Bucketed groups of prompt pieces, each at most `GraphBuckets.prompt_replay_tokens`
-        padded tokens (batch bucket x token bucket; a lone piece always fits)."""
-        assert self.static is not None
-        buckets = self.static.buckets
-        max_b, limit = max(buckets.batch), buckets.prompt_replay_tokens
-
-        def full(rows: int, width: int, real: int, n: int) -> bool:
-            return rows == max_b or (buckets.batch_bucket(rows + 1) or max_b + 1) * width > limit
+            padded = (buckets.batch_bucket(rows + 1) or max_b + 1) * width
+            if padded_limit is not None:
+                return rows == max_b or padded > padded_limit
+            return rows == max_b or padded - (real + n) > self.static_padding_budget
 
         return _greedy_groups(chunks, indices, full, lambda n: buckets.token_bucket(n) or n)
 

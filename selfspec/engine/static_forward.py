@@ -74,13 +74,13 @@ class GraphBuckets:
     # Prompt pieces (several tokens, logits for at most the last) that the padding budget would
     # split into several replays are grouped among themselves: a piece joins the current replay
     # while its padded size (batch bucket x token bucket) stays within this many tokens (0: they
-    # share the padding budget with the other rows). Each replay reads every weight, so 32 prompts
-    # of 42 tokens in 16 replays of two rows cost ~87 ms at Qwen3-4B on an H100 by the fitted
-    # step-cost model (`engine/cost_priors`), in replays of 256 padded tokens ~52 ms; one eager
-    # forward at their exact size cost ~65 ms by two H100 runs (its launches cost more than the
-    # padding saves; at 8 prompts it lost to the replays: `benchmarks/engine_speed/README.md`). 256 is the
-    # compute knee of every fitted H100 model (135M, 4B, 8B): up to it a replay's extra tokens
-    # cost little beside the weight read, past it they cost compute that a new replay would not.
+    # share the padding budget with the other rows). Each replay reads every weight: by the fitted
+    # H100 step-cost model (`engine/cost_priors`) 32 prompts of 42 tokens at Qwen3-4B cost ~94 ms
+    # in 16 replays of two rows and ~58 ms in replays of 256 padded tokens; one eager forward at
+    # their exact size saved only ~19 ms of the 94 in an H100 run, and at 8 prompts lost ~20 ms to
+    # the replays (its launches: `benchmarks/engine_speed/README.md`). 256 is the compute knee of
+    # every fitted H100 model (135M, 4B, 8B): up to it a replay's extra tokens cost little beside
+    # the weight read, past it they cost compute that a new replay would not.
     prompt_replay_tokens: int = 256
 
     def __post_init__(self) -> None:

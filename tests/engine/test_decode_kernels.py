@@ -75,13 +75,9 @@ def test_a_shapes_kernel_is_chosen_over_every_measured_row_count():
 def test_kernels_compile_for_hopper_without_a_gpu():
     """Triton's front end and PTX back end run without a device: errors the interpreter lets
     through fail here, not on the H200."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from selfspec.engine import kv_write, skinny_gemm
+    from selfspec.testing.ptx import compile_for_hopper
 
-    target = GPUTarget("cuda", 90, 32)
     for block_m, config in [(16, skinny_gemm.CONFIGS[0]), (64, skinny_gemm.CONFIGS[-1].with_pdl())]:
         for has_bias in (False, True):
             signature = {
@@ -98,12 +94,9 @@ def test_kernels_compile_for_hopper_without_a_gpu():
                 "BLOCK_K": config.block_k,
                 "USE_PDL": config.pdl,
             }
-            signature.update({k: "constexpr" for k in constexprs})
-            kernel = triton.compile(
-                ASTSource(fn=skinny_gemm._skinny_kernel, signature=signature, constexprs=constexprs), target=target
-            )
-            assert "ptx" in kernel.asm
-            assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == config.pdl
+            asm = compile_for_hopper(skinny_gemm._skinny_kernel, signature, constexprs)
+            assert "ptx" in asm
+            assert ("griddepcontrol.wait" in asm["ptx"]) == config.pdl
     ints = ["T", "D", "sk_b", "sk_h", "sk_t", "sv_b", "sv_h", "sv_t", "sb_s", "sb_h", "sb_n"]
     signature = {
         "k_ptr": "*bf16",
@@ -113,16 +106,11 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         "slots_ptr": "*i64",
         "pos_ptr": "*i64",
         **{n: "i32" for n in ints},
-        "BLOCK_D": "constexpr",
-        "USE_PDL": "constexpr",
     }
     for use_pdl in (False, True):
-        constexprs = {"BLOCK_D": 128, "USE_PDL": use_pdl}
-        kernel = triton.compile(
-            ASTSource(fn=kv_write._kv_write_kernel, signature=signature, constexprs=constexprs), target=target
-        )
-        assert "ptx" in kernel.asm
-        assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == use_pdl
+        asm = compile_for_hopper(kv_write._kv_write_kernel, signature, {"BLOCK_D": 128, "USE_PDL": use_pdl})
+        assert "ptx" in asm
+        assert ("griddepcontrol.wait" in asm["ptx"]) == use_pdl
 
 
 def test_select_rows_reads_its_override_and_refuses_bad_counts(monkeypatch):

@@ -17,6 +17,7 @@ import torch
 
 from selfspec.engine import slot_delta_rule
 from selfspec.testing.interpreted import run_interpreted
+from selfspec.testing.ptx import compile_for_hopper
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -167,41 +168,12 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
     """Triton's front end and PTX back end run without a device: what the interpreter lets through
     (a loop-carried value whose type changes, a scalar mask) fails here, not on the GPU. Both token
     loops, with and without keeping the initial state, at Qwen3.5-4B's head sizes."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    target = GPUTarget("cuda", 90, 32)
+    pointers = {"q": "bf16", "k": "bf16", "v": "bf16", "g": "fp32", "beta": "bf16", "out": "bf16"}
+    pointers.update({"states": "fp32", "slots": "i64", "fresh": "i1", "initial": "fp32"})
+    signature = {name: f"*{kind}" for name, kind in pointers.items()}
+    signature.update({"scale": "fp32", "T": "i32", "slot_stride": "i32"})
+    sizes = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128, "BV": slot_delta_rule.BLOCK_V}
     for keep_initial in (False, True):
         for prefetch in (False, True):
-            signature = {
-                "q": "*bf16",
-                "k": "*bf16",
-                "v": "*bf16",
-                "g": "*fp32",
-                "beta": "*bf16",
-                "out": "*bf16",
-                "states": "*fp32",
-                "slots": "*i64",
-                "fresh": "*i1",
-                "initial": "*fp32",
-                "scale": "fp32",
-                "T": "i32",
-                "slot_stride": "i32",
-            }
-            constexprs = {
-                "H": 16,
-                "HV": 32,
-                "K": 128,
-                "V": 128,
-                "BK": 128,
-                "BV": slot_delta_rule.BLOCK_V,
-                "KEEP_INITIAL": keep_initial,
-                "PREFETCH": prefetch,
-            }
-            signature.update({name: "constexpr" for name in constexprs})
-            kernel = triton.compile(
-                ASTSource(fn=slot_delta_rule._slot_delta_rule_kernel, signature=signature, constexprs=constexprs),
-                target=target,
-            )
-            assert "ptx" in kernel.asm
+            constexprs = {**sizes, "KEEP_INITIAL": keep_initial, "PREFETCH": prefetch}
+            assert "ptx" in compile_for_hopper(slot_delta_rule._slot_delta_rule_kernel, signature, constexprs)
