@@ -333,14 +333,22 @@ def main() -> None:
         default=None,
         help="GraphBuckets.prompt_replay_tokens for the graph engines (0: prompt pieces share the padding budget)",
     )
+    parser.add_argument(
+        "--whole-prompt-pieces",
+        action="store_true",
+        help="GraphBuckets.split_prompt_pieces off: prompt pieces padded whole, never cut at the token buckets",
+    )
     args = parser.parse_args()
     if args.smoke:
         GRAPH.clear()
         GRAPH.update(static_shapes=True, decode_ahead=True)
-    if args.prompt_replay_tokens is not None:
+    if args.prompt_replay_tokens is not None or args.whole_prompt_pieces:
         from selfspec.engine.static_forward import GraphBuckets
 
-        GRAPH["graph_buckets"] = GraphBuckets(prompt_replay_tokens=args.prompt_replay_tokens)
+        limit = GraphBuckets.prompt_replay_tokens if args.prompt_replay_tokens is None else args.prompt_replay_tokens
+        GRAPH["graph_buckets"] = GraphBuckets(
+            prompt_replay_tokens=limit, split_prompt_pieces=not args.whole_prompt_pieces
+        )
 
     import transformers
 

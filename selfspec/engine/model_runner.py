@@ -240,8 +240,9 @@ class ModelRunner:
                 out.logits[i], out.argmax[i], out.shapes[i] = others.logits[j], others.argmax[j], others.shapes[j]
         return out
 
-    def _run_groups(self, chunks: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
-        for group in self._group(chunks):
+    def _run_groups(self, given: list[Chunk], out: ForwardResult, want_logits: list[bool] | None) -> None:
+        chunks, origin, groups = self._group(given)
+        for group in groups:
             group_chunks = [chunks[i] for i in group]
             shape = self.static.shape_for(group_chunks) if self.static is not None else None
             if shape is not None:
@@ -255,7 +256,7 @@ class ModelRunner:
                 self.eager_forwards += 1
                 label = f"eager {logits.shape[0]}x{max(len(c.token_ids) for c in group_chunks)}/k{self._eager_key_length_used}"
             for i in group:
-                out.shapes[i] = label
+                out.shapes[origin[i]] = label  # a split prompt piece: its last part's (the logits')
             self.forwards += 1
             width = logits.shape[1]
             # One device-to-host copy per forward: the greedy tokens of every row. It also
@@ -265,10 +266,11 @@ class ModelRunner:
             for row, i in enumerate(group):
                 n = chunks[i].num_logits
                 if n > 0:
-                    if want_logits is None or want_logits[i]:
+                    k = origin[i]
+                    if want_logits is None or want_logits[k]:
                         # A copy: static forwards share their output buffer across steps.
-                        out.logits[i] = logits[row, width - n :].to(torch.float32, copy=True)
-                    out.argmax[i] = top_host[row][width - n :]
+                        out.logits[k] = logits[row, width - n :].to(torch.float32, copy=True)
+                    out.argmax[k] = top_host[row][width - n :]
 
     def warm_up_graphs(
         self, batch_sizes: list[int], token_counts: list[int], max_cached: int, progress=None, verify: bool = True
@@ -323,40 +325,92 @@ class ModelRunner:
             self.state.forget(slot)
 
     # ------------------------------------------------------------------ internals
-    def _group(self, chunks: list[Chunk]) -> list[list[int]]:
+    def _group(self, chunks: list[Chunk]) -> tuple[list[Chunk], list[int], list[list[int]]]:
         """Split chunks into forwards so that padding stays bounded.
 
         One forward per step is best when steps are launch-bound (GPU); on a CPU the padded
         tokens cost real compute. Greedy: longest first, add while padded/real stays under
         `max_padding_ratio`.
+
+        Returns the forwards' chunks (`chunks`, then the parts of any prompt piece split at the
+        token buckets, `_prompt_groups`), for each the index in `chunks` of the chunk it belongs
+        to, and the groups (indices into the forwards' chunks) in the order they run.
         """
-        if self.static is not None:
-            # Static forwards: short chunks go together up to the largest batch bucket (a
-            # replay costs about the same whatever it carries); long prefill pieces run eagerly.
-            # Prompt pieces that the padding budget would split into several replays (each a
-            # full weight read) get replays of their own, filled up to
-            # `GraphBuckets.prompt_replay_tokens` padded tokens.
-            buckets = self.static.buckets
-            max_t = max(buckets.tokens)
-            short = [i for i in range(len(chunks)) if len(chunks[i].token_ids) <= max_t]
-            long = [i for i in range(len(chunks)) if len(chunks[i].token_ids) > max_t]
-            prompt = []
-            if buckets.prompt_replay_tokens:
-                prompt = [i for i in short if len(chunks[i].token_ids) > 1 and chunks[i].num_logits <= 1]
-                if len(self._group_static(chunks, prompt)) > 1:  # one replay holds them: keep it
-                    moved = set(prompt)
-                    short = [i for i in short if i not in moved]
-                else:
-                    prompt = []
-            groups = (
-                self._group_static(chunks, short)
-                + self._group_static(chunks, prompt, buckets.prompt_replay_tokens)
-                + self._group_by_padding(chunks, long)
-            )
-        else:
-            groups = self._group_by_padding(chunks, list(range(len(chunks))))
-        # Rows in slot order make the cache read a plain slice when slots are contiguous.
+        origin = list(range(len(chunks)))
+        if self.static is None:
+            return chunks, origin, self._sorted(chunks, self._group_by_padding(chunks, origin))
+        # Static forwards: short chunks go together up to the largest batch bucket (a replay
+        # costs about the same whatever it carries); long prefill pieces run eagerly. Prompt
+        # pieces that the padding budget would split into several replays (each a full weight
+        # read) get replays of their own (`_prompt_groups`).
+        buckets = self.static.buckets
+        max_t = max(buckets.tokens)
+        short = [i for i in origin if len(chunks[i].token_ids) <= max_t]
+        long = [i for i in origin if len(chunks[i].token_ids) > max_t]
+        prompt: list[int] = []
+        if buckets.prompt_replay_tokens:
+            prompt = [i for i in short if len(chunks[i].token_ids) > 1 and chunks[i].num_logits <= 1]
+            if len(self._group_static(chunks, prompt)) > 1:  # one replay holds them: keep it
+                moved = set(prompt)
+                short = [i for i in short if i not in moved]
+            else:
+                prompt = []
+        parts, prompt_groups = self._prompt_groups(chunks, prompt) if prompt else ([], [])
+        forward_chunks = chunks + [part for _, part in parts]
+        origin += [piece for piece, _ in parts]
+        groups = self._group_static(chunks, short) + prompt_groups + self._group_by_padding(chunks, long)
+        return forward_chunks, origin, self._sorted(forward_chunks, groups)
+
+    @staticmethod
+    def _sorted(chunks: list[Chunk], groups: list[list[int]]) -> list[list[int]]:
+        """Rows in slot order make the cache read a plain slice when slots are contiguous."""
         return [sorted(g, key=lambda i: chunks[i].slot) for g in groups]
+
+    def _prompt_groups(self, chunks: list[Chunk], prompt: list[int]) -> tuple[list[tuple[int, Chunk]], list[list[int]]]:
+        """Replays for the prompt pieces `prompt`, whichever of two plans pads less.
+
+        Whole: each piece padded to its token bucket, pieces grouped while a replay's padded
+        size stays within `GraphBuckets.prompt_replay_tokens`. Split: each piece cut into
+        bucket-sized parts, largest first (42 tokens: 32 + 8 + 2), the k-th parts of every
+        piece grouped the same way, one round after another (a part needs the cache of the
+        parts before it); only the last part asks for the piece's logits. A replay costs about
+        the same up to the limit (the compute knee: below it the weight read dominates) and
+        past it about its padded tokens, so a plan's price is the sum over its replays of
+        max(padded tokens, limit). 32 prompts of 42 tokens pad to 2,048 tokens whole and cost
+        1,536 split; 8 of them cost 512 whole and 768 split (three rounds of small replays).
+
+        Returns the split parts as (index in `chunks` of their piece, part), none for the whole
+        plan, and the groups: indices into `chunks` followed by the parts.
+        """
+        buckets = self.static.buckets
+        limit = buckets.prompt_replay_tokens
+        whole = self._group_static(chunks, prompt, limit)
+        if not buckets.split_prompt_pieces:
+            return [], whole
+        parts: list[tuple[int, Chunk]] = []
+        rounds: list[list[int]] = []
+        for i in prompt:
+            c, offset = chunks[i], 0
+            for r, size in enumerate(bucket_parts(len(c.token_ids), buckets.tokens)):
+                end = offset + size
+                logits = c.num_logits if end == len(c.token_ids) else 0
+                parts.append((i, Chunk(c.slot, c.start + offset, c.token_ids[offset:end], logits)))
+                if r == len(rounds):
+                    rounds.append([])
+                rounds[r].append(len(chunks) + len(parts) - 1)
+                offset = end
+        source = chunks + [part for _, part in parts]
+        split = [g for members in rounds for g in self._group_static(source, members, limit)]
+
+        def price(groups: list[list[int]]) -> int:
+            return sum(max(self._padded_tokens([source[i] for i in g]), limit) for g in groups)
+
+        return (parts, split) if price(split) < price(whole) else ([], whole)
+
+    def _padded_tokens(self, group: list[Chunk]) -> int:
+        buckets = self.static.buckets
+        width = max(len(c.token_ids) for c in group)
+        return (buckets.batch_bucket(len(group)) or len(group)) * (buckets.token_bucket(width) or width)
 
     def _group_static(
         self, chunks: list[Chunk], indices: list[int], padded_limit: int | None = None
@@ -455,6 +509,17 @@ class ModelRunner:
             if self.state is not None:
                 self.state.end_step()
         return out.logits
+
+
+def bucket_parts(length: int, token_buckets: tuple[int, ...]) -> list[int]:
+    """`length` tokens as bucket-sized parts, largest first (42 over 1, 2, 4, ..., 64: [32, 8, 2]);
+    a remainder below the smallest bucket is a part of its own (padded up to it)."""
+    parts = []
+    while length:
+        size = max((b for b in token_buckets if b <= length), default=length)
+        parts.append(size)
+        length -= size
+    return parts
 
 
 def _greedy_groups(

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from selfspec.engine.llm_engine import Engine, EngineConfig
-from selfspec.engine.model_runner import Chunk
+from selfspec.engine.model_runner import Chunk, bucket_parts
 from selfspec.engine.sampling import SamplingParams
 from selfspec.engine.static_forward import GraphBuckets, pack_rows
 from selfspec.llm import LLM
@@ -372,7 +372,7 @@ def test_prompt_pieces_that_fill_one_replay_stay_with_the_other_rows():
     cfg = EngineConfig(num_slots=6, max_len=128, static_shapes=True, graph_buckets=buckets, static_padding_budget=8)
     runner = Engine(model, None, cfg, eos_token_ids=[]).runner
     prompt = [Chunk(slot=k, start=0, token_ids=list(range(1, 9)), num_logits=1) for k in range(4)]  # (4, 8), no padding
-    assert [sorted(g) for g in runner._group(prompt)] == [[0, 1, 2, 3]]
+    assert [sorted(g) for g in runner._group(prompt)[2]] == [[0, 1, 2, 3]]
 
 
 def test_only_prompt_pieces_leave_the_shared_grouping():
@@ -383,9 +383,68 @@ def test_only_prompt_pieces_leave_the_shared_grouping():
     cfg = EngineConfig(num_slots=8, max_len=128, static_shapes=True, graph_buckets=buckets)
     runner = Engine(model, None, cfg, eos_token_ids=[]).runner
     verify = [Chunk(slot=k, start=10, token_ids=list(range(1, 41)), num_logits=40) for k in range(4)]
-    assert [sorted(g) for g in runner._group(verify)] == [[0, 1], [2, 3]]  # the budget: two 64-wide rows a replay
+    assert [sorted(g) for g in runner._group(verify)[2]] == [[0, 1], [2, 3]]  # the budget: two 64-wide rows a replay
     prompt = [Chunk(slot=k, start=0, token_ids=list(range(1, 41)), num_logits=1) for k in range(6)]
     decode = [Chunk(slot=6, start=10, token_ids=[5], num_logits=1)]
-    groups = [sorted(g) for g in runner._group(prompt + decode)]
+    groups = [sorted(g) for g in runner._group(prompt + decode)[2]]
     # Decode rows alone; prompts in replays of at most 256 padded tokens: (4 x 64), then (2 x 64).
     assert groups == [[6], [0, 1, 2, 3], [4, 5]]
+
+
+def test_bucket_parts_are_bucket_sized_largest_first():
+    tokens = (1, 2, 4, 8, 16, 32, 64)
+    assert bucket_parts(42, tokens) == [32, 8, 2]
+    assert bucket_parts(64, tokens) == [64]
+    assert bucket_parts(1, tokens) == [1]
+    assert bucket_parts(7, (2, 4)) == [4, 2, 1]  # below the smallest bucket: a part of its own
+    assert sum(bucket_parts(63, tokens)) == 63
+
+
+def test_prompt_pieces_split_at_the_token_buckets_only_where_that_pads_less():
+    """32 prompts of 42 tokens pad to 2,048 tokens as whole pieces (8 replays of 4 x 64) and to
+    1,344 cut at the buckets (32 + 8 + 2: rounds of 4 x (8 x 32), 32 x 8, 32 x 2): split, with
+    only each piece's last part asking for its logits, and the rounds in order. 8 such prompts
+    stay whole (two replays against three rounds of small ones), as does a lone prompt."""
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    cfg = EngineConfig(num_slots=32, max_len=128, static_shapes=True, graph_buckets=GraphBuckets(min_keys=8))
+    runner = Engine(model, None, cfg, eos_token_ids=[]).runner
+    ids = list(range(1, 43))
+    prompt = [Chunk(slot=k, start=3, token_ids=ids, num_logits=1) for k in range(32)]
+    chunks, origin, groups = runner._group(prompt)
+    assert len(chunks) == 32 + 3 * 32 and origin[:32] == list(range(32))
+    widths = [{len(chunks[i].token_ids) for i in g} for g in groups]
+    assert [len(g) for g in groups] == [8, 8, 8, 8, 32, 32] and widths == [{32}] * 4 + [{8}, {2}]
+    assert all(i >= 32 for g in groups for i in g)  # only parts run
+    for k in range(32):
+        parts = [chunks[i] for g in groups for i in g if origin[i] == k]
+        assert [(p.start, len(p.token_ids), p.num_logits) for p in parts] == [(3, 32, 0), (35, 8, 0), (43, 2, 1)]
+        assert sum((p.token_ids for p in parts), []) == ids
+    for rows, replays in ((8, 2), (1, 1)):
+        chunks, _, groups = runner._group(prompt[:rows])
+        assert len(chunks) == rows and len(groups) == replays
+    cfg.graph_buckets = GraphBuckets(min_keys=8, split_prompt_pieces=False)
+    chunks, _, groups = Engine(model, None, cfg, eos_token_ids=[]).runner._group(prompt)
+    assert len(chunks) == 32 and [len(g) for g in groups] == [4] * 8  # whole: 8 replays of 4 x 64
+
+
+def test_split_prompt_pieces_give_generates_tokens(model):
+    """Prompt pieces cut at the token buckets (6 = 4 + 2, 5 = 4 + 1, 3 = 2 + 1: two rounds, 24
+    padded tokens against 32 whole): the same tokens as `generate`, also decoding ahead."""
+    batch = prompts([6, 5, 6, 3], seed=11)
+    want = [reference(model, p, 10) for p in batch]
+    for decode_ahead in (False, True):
+        buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, prompt_replay_tokens=8)
+        cfg = EngineConfig(
+            num_slots=6,
+            max_len=128,
+            static_shapes=True,
+            graph_buckets=buckets,
+            static_padding_budget=4,
+            decode_ahead=decode_ahead,
+        )
+        engine = Engine(model, None, cfg, eos_token_ids=[])
+        seqs = [engine.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in batch]
+        engine.step()
+        assert (engine.runner.forwards, engine.runner.eager_forwards) == (3, 0)  # round 1 in two replays
+        run(engine, seqs)
+        assert [s.output_ids for s in seqs] == want
