@@ -338,10 +338,18 @@ def main() -> None:
         action="store_true",
         help="GraphBuckets.split_prompt_pieces off: prompt pieces padded whole, never cut at the token buckets",
     )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=None,
+        help="EngineConfig.max_prefill_tokens_per_step for the graph engines (default: the engine's)",
+    )
     args = parser.parse_args()
     if args.smoke:
         GRAPH.clear()
         GRAPH.update(static_shapes=True, decode_ahead=True)
+    if args.max_prefill_tokens is not None:
+        GRAPH["max_prefill_tokens_per_step"] = args.max_prefill_tokens
     if args.prompt_replay_tokens is not None or args.whole_prompt_pieces:
         from selfspec.engine.static_forward import GraphBuckets
 

@@ -237,6 +237,13 @@ def test_a_gated_deltanet_layers_fused_projection_and_preparation_equal_its_own(
     window = eager[0]  # [pad | state | tokens]: row 0 reads slot 2's state, row 1 (fresh) zeros
     assert torch.equal(window[0, :, 2 : 2 + spec.kernel], conv_cache[2].to(window.dtype))
     assert (window[1, :, : spec.kernel] == 0).all()
+    # One token a row (decode, concatenated rather than gathered): [state | token] per real row.
+    decode = (mixed[:, -1:], *args[1:4], real[:, -1:], *args[5:7], a[:, -1:], b[:, -1:], *args[9:])
+    window = linear_attention.prepare_chunk(*decode)[0]
+    states = conv_cache[[2, 0]].masked_fill(fresh.view(-1, 1, 1), 0)
+    assert torch.equal(window, torch.cat([states, mixed[:, -1:].transpose(1, 2)], dim=-1))
+    for x, y in zip(layer._selfspec_gdn_prepare(*decode), linear_attention.prepare_chunk(*decode)):
+        torch.testing.assert_close(x, y)
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next", pytest.param("gemma4", marks=pytest.mark.slow)])

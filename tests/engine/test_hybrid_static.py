@@ -234,13 +234,18 @@ def test_lossless_methods_on_the_static_path_equal_greedy(family, bigram):
         assert accepted > 0, "nothing accepted: rollback inside a chunk was not exercised"
 
 
-def test_prompt_pieces_split_at_the_token_buckets_match_generate(model):
-    """Prompt pieces cut into bucket-sized parts run in several forwards of one step, each part
-    carrying the linear-attention state to the next: the same tokens as the eager engine and
+@pytest.mark.parametrize(
+    "lengths,tokens,limit",
+    [([6, 5, 6, 3], (1, 2, 4, 8), 8), ([11, 12, 11, 10], (1, 2, 4, 8, 16), 16)],
+    ids=["cut-at-buckets", "cut-once-padded"],
+)
+def test_prompt_pieces_split_at_the_token_buckets_match_generate(model, lengths, tokens, limit):
+    """Prompt pieces cut into parts run in several forwards of one step, each part carrying the
+    linear-attention state to the next (a padded last part included): the same tokens as
     `generate`."""
-    ps = prompts([6, 5, 6, 3], seed=12)
-    buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, prompt_replay_tokens=8)
-    engine = make_engine(model, True, buckets, static_padding_budget=4)
+    ps = prompts(lengths, seed=12)
+    buckets = GraphBuckets(batch=(1, 2, 4), tokens=tokens, min_keys=8, prompt_replay_tokens=limit)
+    engine = make_engine(model, True, buckets, static_padding_budget=4, prefill_chunk=16)
     seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in ps]
     engine.step()
     assert (engine.runner.forwards, engine.runner.eager_forwards) == (3, 0)

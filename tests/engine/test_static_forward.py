@@ -262,7 +262,7 @@ def test_long_verify_chunks_do_not_pad_every_decode_row():
     buckets = runner.static.buckets
     chunks = [Chunk(slot=0, start=10, token_ids=list(range(1, 33)), num_logits=32)]
     chunks += [Chunk(slot=1 + k % 5, start=10, token_ids=[5], num_logits=1) for k in range(12)]
-    groups = runner._group(chunks)
+    groups = runner._group(chunks)[2]
     assert sorted(i for g in groups for i in g) == list(range(len(chunks)))
     for g in groups:
         width = buckets.token_bucket(max(len(chunks[i].token_ids) for i in g))
@@ -271,7 +271,7 @@ def test_long_verify_chunks_do_not_pad_every_decode_row():
         assert padded - real <= runner.static_padding_budget or len(g) == 1
     assert len(groups) == 2 and any(len(g) >= 8 and 0 not in g for g in groups)
     decode_only = [Chunk(slot=k % 6, start=10, token_ids=[5], num_logits=1) for k in range(12)]
-    assert len(runner._group(decode_only)) == 1, "decode rows still share one replay"
+    assert len(runner._group(decode_only)[2]) == 1, "decode rows still share one replay"
 
 
 def test_fusion_puts_inductor_in_deterministic_mode(monkeypatch):
@@ -398,26 +398,28 @@ def test_bucket_parts_are_bucket_sized_largest_first():
     assert bucket_parts(1, tokens) == [1]
     assert bucket_parts(7, (2, 4)) == [4, 2, 1]  # below the smallest bucket: a part of its own
     assert sum(bucket_parts(63, tokens)) == 63
+    assert bucket_parts(42, tokens, 2) == [32, 10] and bucket_parts(32, tokens, 2) == [32]
+    assert bucket_parts(42, tokens, 1) == [42]
 
 
 def test_prompt_pieces_split_at_the_token_buckets_only_where_that_pads_less():
     """32 prompts of 42 tokens pad to 2,048 tokens as whole pieces (8 replays of 4 x 64) and to
-    1,344 cut at the buckets (32 + 8 + 2: rounds of 4 x (8 x 32), 32 x 8, 32 x 2): split, with
-    only each piece's last part asking for its logits, and the rounds in order. 8 such prompts
-    stay whole (two replays against three rounds of small ones), as does a lone prompt."""
+    1,536 cut once at the buckets (32 + 10: rounds of 4 x (8 x 32), then 2 x (16 x 16)): split,
+    with only each piece's last part asking for its logits, and the rounds in order. 8 such
+    prompts stay whole (two replays; cut once costs as much in more rounds), as does a lone one."""
     model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
     cfg = EngineConfig(num_slots=32, max_len=128, static_shapes=True, graph_buckets=GraphBuckets(min_keys=8))
     runner = Engine(model, None, cfg, eos_token_ids=[]).runner
     ids = list(range(1, 43))
     prompt = [Chunk(slot=k, start=3, token_ids=ids, num_logits=1) for k in range(32)]
     chunks, origin, groups = runner._group(prompt)
-    assert len(chunks) == 32 + 3 * 32 and origin[:32] == list(range(32))
+    assert len(chunks) == 32 + 2 * 32 and origin[:32] == list(range(32))
     widths = [{len(chunks[i].token_ids) for i in g} for g in groups]
-    assert [len(g) for g in groups] == [8, 8, 8, 8, 32, 32] and widths == [{32}] * 4 + [{8}, {2}]
+    assert [len(g) for g in groups] == [8, 8, 8, 8, 16, 16] and widths == [{32}] * 4 + [{10}] * 2
     assert all(i >= 32 for g in groups for i in g)  # only parts run
     for k in range(32):
         parts = [chunks[i] for g in groups for i in g if origin[i] == k]
-        assert [(p.start, len(p.token_ids), p.num_logits) for p in parts] == [(3, 32, 0), (35, 8, 0), (43, 2, 1)]
+        assert [(p.start, len(p.token_ids), p.num_logits) for p in parts] == [(3, 32, 0), (35, 10, 1)]
         assert sum((p.token_ids for p in parts), []) == ids
     for rows, replays in ((8, 2), (1, 1)):
         chunks, _, groups = runner._group(prompt[:rows])
@@ -427,13 +429,56 @@ def test_prompt_pieces_split_at_the_token_buckets_only_where_that_pads_less():
     assert len(chunks) == 32 and [len(g) for g in groups] == [4] * 8  # whole: 8 replays of 4 x 64
 
 
-def test_split_prompt_pieces_give_generates_tokens(model):
-    """Prompt pieces cut at the token buckets (6 = 4 + 2, 5 = 4 + 1, 3 = 2 + 1: two rounds, 24
-    padded tokens against 32 whole): the same tokens as `generate`, also decoding ahead."""
-    batch = prompts([6, 5, 6, 3], seed=11)
+def test_the_prompt_plan_is_never_the_dearer_by_the_fitted_step_costs():
+    """The plan's price (padded tokens, at least the limit a replay) against the fitted H100
+    step-cost models of Qwen3-4B and Qwen3-8B: splitting is never predicted slower than keeping
+    the pieces whole, over batches of equal and of mixed prompt lengths up to the largest bucket,
+    and it is chosen where it saves most (32 prompts of 42 tokens)."""
+    import random
+
+    from selfspec.engine.cost_model import PRIORS_DIR, StepCostModel
+
+    model = tiny_model("llama", VOCAB, seed=1, num_layers=1)
+    runners = {}
+    for split in (True, False):
+        buckets = GraphBuckets(split_prompt_pieces=split)
+        cfg = EngineConfig(num_slots=32, max_len=1024, static_shapes=True, graph_buckets=buckets)
+        runners[split] = Engine(model, None, cfg, eos_token_ids=[]).runner
+    rng = random.Random(0)
+    batches = [[length] * rows for rows in (2, 5, 8, 13, 24, 32) for length in range(2, 65)]
+    batches += [[rng.randint(2, 64) for _ in range(rng.randint(2, 32))] for _ in range(200)]
+    for name in ("qwen3-4b", "qwen3-8b"):
+        costs = StepCostModel.load(PRIORS_DIR / f"{name}_h100.json")
+
+        def seconds(split: bool, lengths: list[int]) -> float:
+            pieces = [
+                Chunk(slot=k, start=0, token_ids=list(range(1, n + 1)), num_logits=1) for k, n in enumerate(lengths)
+            ]
+            chunks, _, groups = runners[split]._group(pieces)
+            return sum(costs.seconds(len(g), max(len(chunks[i].token_ids) for i in g), 128) for g in groups)
+
+        saved = [seconds(False, lengths) - seconds(True, lengths) for lengths in batches]
+        assert min(saved) > -1e-9, name
+        assert saved[batches.index([42] * 32)] > 0.005, name  # > 5 ms
+
+
+SPLIT_CASES = {
+    # 6 = 4 + 2, 5 = 4 + 1, 3 = 2 + 1: two rounds, 24 padded tokens against 32 whole
+    "cut-at-buckets": ([6, 5, 6, 3], (1, 2, 4, 8), 8),
+    # 11 = 8 + 3 (padded to 4), 12 = 8 + 4, 10 = 8 + 2: cut once, 48 against 64 whole or fully cut
+    "cut-once-padded": ([11, 12, 11, 10], (1, 2, 4, 8, 16), 16),
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=list(SPLIT_CASES))
+def test_split_prompt_pieces_give_generates_tokens(model, case):
+    """Prompt pieces cut into parts (round 1 in two replays, round 2 in one): the same tokens as
+    `generate`, also decoding ahead."""
+    lengths, tokens, limit = SPLIT_CASES[case]
+    batch = prompts(lengths, seed=11)
     want = [reference(model, p, 10) for p in batch]
     for decode_ahead in (False, True):
-        buckets = GraphBuckets(batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, prompt_replay_tokens=8)
+        buckets = GraphBuckets(batch=(1, 2, 4), tokens=tokens, min_keys=8, prompt_replay_tokens=limit)
         cfg = EngineConfig(
             num_slots=6,
             max_len=128,
