@@ -82,8 +82,8 @@ class GraphBuckets:
     # every fitted H100 model (135M, 4B, 8B): up to it a replay's extra tokens cost little beside
     # the weight read, past it they cost compute that a new replay would not.
     prompt_replay_tokens: int = 256
-    # Such pieces may also be cut into bucket-sized parts run one round after another in the same
-    # step (42 tokens: 32 + 8 + 2) where that pads less (`ModelRunner._prompt_groups`); False: whole.
+    # Such pieces may also be cut at the token buckets into parts run one round after another in
+    # the same step (42 tokens: 32 + 10) where that pads less (`ModelRunner._prompt_groups`); False: whole.
     split_prompt_pieces: bool = True
 
     def __post_init__(self) -> None:
