@@ -328,6 +328,13 @@ def test_proposals_fit_the_largest_token_bucket(model):
     assert unbounded._max_proposal == 64  # no static forwards: the configured cap
 
 
+def prompt_engine(model, buckets: GraphBuckets, decode_ahead: bool) -> Engine:
+    """Static forwards whose padding budget alone puts two 8-wide rows in a replay."""
+    shapes = {"static_shapes": True, "graph_buckets": buckets, "static_padding_budget": 4}
+    cfg = EngineConfig(num_slots=6, max_len=128, decode_ahead=decode_ahead, **shapes)
+    return Engine(model, None, cfg, eos_token_ids=[])
+
+
 def test_prompt_pieces_fill_replays_up_to_the_prompt_replay_tokens(model):
     """Several short prompts in one step that the padding budget would split into replays of a
     few rows each: replays of their own, each up to `prompt_replay_tokens` padded tokens, the same
@@ -338,15 +345,7 @@ def test_prompt_pieces_fill_replays_up_to_the_prompt_replay_tokens(model):
         buckets = GraphBuckets(
             batch=(1, 2, 4), tokens=(1, 2, 4, 8), min_keys=8, prompt_replay_tokens=prompt_replay_tokens
         )
-        cfg = EngineConfig(
-            num_slots=6,
-            max_len=128,
-            static_shapes=True,
-            graph_buckets=buckets,
-            static_padding_budget=4,  # two 8-wide rows per replay under the budget alone
-            decode_ahead=decode_ahead,
-        )
-        engine = Engine(model, None, cfg, eos_token_ids=[])
+        engine = prompt_engine(model, buckets, decode_ahead)
         seqs = [engine.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in batch]
         engine.step()
         return engine, seqs
@@ -479,15 +478,7 @@ def test_split_prompt_pieces_give_generates_tokens(model, case):
     want = [reference(model, p, 10) for p in batch]
     for decode_ahead in (False, True):
         buckets = GraphBuckets(batch=(1, 2, 4), tokens=tokens, min_keys=8, prompt_replay_tokens=limit)
-        cfg = EngineConfig(
-            num_slots=6,
-            max_len=128,
-            static_shapes=True,
-            graph_buckets=buckets,
-            static_padding_budget=4,
-            decode_ahead=decode_ahead,
-        )
-        engine = Engine(model, None, cfg, eos_token_ids=[])
+        engine = prompt_engine(model, buckets, decode_ahead)
         seqs = [engine.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in batch]
         engine.step()
         assert (engine.runner.forwards, engine.runner.eager_forwards) == (3, 0)  # round 1 in two replays
