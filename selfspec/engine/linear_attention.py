@@ -19,7 +19,8 @@ the conv over `[state | tokens]` as in `causal_conv1d_update`, the token-by-toke
 of `torch_recurrent_gated_delta_rule` for decode and verify chunks (every intermediate state
 is kept for rollback under `"snapshots"`), and the modeling module's own
 `torch_chunk_gated_delta_rule` for longer chunks (prefill pieces). The conv stays torch on
-both paths (a gather and a depthwise conv over a window of K + T columns).
+both paths (a window of K + T columns built by a gather, or for one-token rows a concatenation, and a
+depthwise conv over it).
 
 Nothing in the forward reads a device value on the host: rows, slots, padding and fresh rows come
 as device tensors (`SlotStateCache` routing) and the loop lengths from shapes, so a static forward
