@@ -131,9 +131,9 @@ class Engine:
         self.device = device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else eos_ids(model, tokenizer))
-        self.scheduler = Scheduler(
-            self.config.num_slots, self.config.prefill_chunk, self.config.max_prefill_tokens_per_step
-        )
+        whole = max(self.runner.static.buckets.tokens) if self.runner.static is not None else 0
+        config = self.config
+        self.scheduler = Scheduler(config.num_slots, config.prefill_chunk, config.max_prefill_tokens_per_step, whole)
         self.steps = 0
         self.step_costs = engine_step_costs(self.runner, model)  # read by cost-aware policies
         self.host_phases = HostPhases()  # where the host's part of a step goes (bench records)

@@ -41,12 +41,25 @@ class SlotPool:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, prefill_chunk: int = 512, max_prefill_tokens_per_step: int = 1024) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        prefill_chunk: int = 512,
+        max_prefill_tokens_per_step: int = 1024,
+        whole_prompt_tokens: int = 0,
+    ) -> None:
+        """`whole_prompt_tokens`: a pending prompt of at most this many tokens is not cut by what
+        other prompts left of the step's budget; it runs whole in a later step. With static
+        forwards (the engine passes its largest token bucket) a cut piece costs replays of its
+        own: 32 prompts of 42 tokens under a 1,024-token budget ran as 24 and a 16-token piece,
+        then the other 26 tokens beside 7 prompts (by the fitted H100 step costs of Qwen3-4B
+        54.5 ms), where 24 then 8 whole prompts cost 49.8 ms."""
         self.slots = SlotPool(num_slots)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefill_chunk = prefill_chunk
         self.max_prefill_tokens_per_step = max_prefill_tokens_per_step
+        self.whole_prompt_tokens = whole_prompt_tokens
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -78,6 +91,9 @@ class Scheduler:
             if pending > 1:
                 take = min(pending, self.prefill_chunk, max(budget, 1))
                 if budget <= 0:
+                    continue
+                others_took = budget < self.max_prefill_tokens_per_step  # a lone prompt is never held back
+                if others_took and take < min(pending, self.prefill_chunk) and pending <= self.whole_prompt_tokens:
                     continue
                 budget -= take
                 plan.append((seq, take))
